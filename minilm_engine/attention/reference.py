@@ -1,0 +1,63 @@
+"""The readable definition of attention, with grouped-query heads.
+
+Contract: `attention(q, k, v, mask)` is plain softmax(q k^T / sqrt(d)) v in float32 softmax,
+the reference every faster backend is tested against.  `AttentionContext` is the one method
+the model needs from whoever owns the keys and values: the model hands over this step's q, k, v
+for a layer and gets the attention output back, without knowing whether the keys live nowhere
+(recompute), in a contiguous tensor, or in pages.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class AttentionContext(Protocol):
+    def attend(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """q: (B, T, H, D), k and v: (B, T, H_kv, D) for this step's tokens -> (B, T, H, D)."""
+        ...
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Masked multi-head attention where H_kv key/value heads serve H query heads.
+
+    q: (B, H, T, D)      the queries of this step's T tokens
+    k, v: (B, H_kv, S, D) every key/value the queries may look at (S >= T)
+    mask: (B, T, S) bool, True where query t may attend to key s
+    returns (B, H, T, D)
+    """
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    # Grouped-query attention: each K/V head is shared by a group of query heads, so the cache
+    # stores H_kv heads and we expand them only here, for the arithmetic.
+    group = num_heads // num_kv_heads
+    k = k.repeat_interleave(group, dim=1)  # (B, H, S, D)
+    v = v.repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B, H, T, S)
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    # Softmax in float32: in fp16 the exponentials of long rows lose too much precision.
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return probs @ v
+
+
+def causal_mask(
+    key_valid: torch.Tensor, query_slots: torch.Tensor
+) -> torch.Tensor:
+    """Which keys each query may see: keys at or before its own slot that hold real tokens.
+
+    A padding query still sees its own slot, so its softmax row is never empty: an all-masked
+    row would give NaN, and NaN times a zero weight is still NaN in the next layer's values.
+
+    key_valid: (B, S) bool, False for padding slots
+    query_slots: (T,) slot index of each query token (the same for every row)
+    returns (B, T, S) bool
+    """
+    key_slots = torch.arange(key_valid.shape[1], device=key_valid.device)
+    not_future = key_slots[None, :] <= query_slots[:, None]  # (T, S)
+    is_self = key_slots[None, :] == query_slots[:, None]  # (T, S)
+    return not_future[None] & (key_valid[:, None, :] | is_self[None])

@@ -1,0 +1,225 @@
+"""The front door: `LLM(model).generate(prompts, sampling_params)`, shaped like vLLM's offline API.
+
+Contract: `LLM` resolves the model folder, loads weights and tokenizer, and hands requests to
+one serving strategy chosen by name; `generate` returns one `RequestOutput` per prompt, in
+prompt order, whatever order the strategy finished them in.  The tokenizer lives here and in
+the output processing only: strategies and the model see token ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .device import resolve_device, resolve_dtype
+from .models import load_model, resolve_model_path
+from .outputs import RequestOutput
+from .request import Request
+from .sampling_params import SamplingParams
+from .strategies import STRATEGIES, Strategy
+
+PromptType = str | dict[str, Any]
+
+
+class LLM:
+    """An engine for offline generation.
+
+    Args:
+        model: a folder, a shipped name ("noodle-chef", "noodle-apprentice"), a hub id, or None
+            for the shipped default.
+        dtype: "auto" (fp32 on CPU, bf16 or fp16 on GPU), a dtype name, or a torch.dtype.
+        device: "cpu", "cuda" or None (CUDA when available).
+        seed: seeds the per-request generators of requests whose SamplingParams have no seed.
+        strategy: one of `STRATEGIES` ("no_cache", "kv_cache", "static_batch").
+        max_num_seqs: most requests in one batch (static batching).
+        max_model_len: context length (defaults to the model's max_position_embeddings).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        tokenizer: str | Path | None = None,
+        dtype: str | torch.dtype = "auto",
+        device: str | torch.device | None = None,
+        seed: int = 0,
+        strategy: str = "kv_cache",
+        max_num_seqs: int = 8,
+        max_model_len: int | None = None,
+    ):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
+        if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be a positive int, got {max_num_seqs!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.model_path = resolve_model_path(model)
+        self.model = load_model(self.model_path, dtype=self.dtype, device=self.device)
+        self.config = self.model.config
+        self.tokenizer = _load_tokenizer(tokenizer or self.model_path)
+        limit = self.config.max_position_embeddings
+        if max_model_len is not None and not (isinstance(max_model_len, int) and 1 < max_model_len <= limit):
+            raise ValueError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")
+        self.max_model_len = max_model_len or limit
+        self.eos_token_ids = _eos_token_ids(self.config.eos_token_ids, self.tokenizer, self.model_path)
+        self.strategy_name = strategy
+        self.strategy: Strategy = STRATEGIES[strategy](self.model, self.tokenizer, max_num_seqs)
+        self._seeds = torch.Generator().manual_seed(seed)
+        self._request_counter = itertools.count()
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def __repr__(self) -> str:
+        return (
+            f"LLM(model={str(self.model_path)!r}, strategy={self.strategy_name!r}, "
+            f"device={self.device}, dtype={self.dtype}, parameters={self.num_parameters:,})"
+        )
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def make_requests(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Request]:
+        """Tokenize and validate prompts into `Request`s (one per prompt)."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if not isinstance(prompts, Sequence) or isinstance(prompts, bytes):
+            raise TypeError(
+                "prompts must be a string, a {'prompt_token_ids': [...]} dict, or a list of them"
+            )
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(
+                    f"got {len(params_list)} SamplingParams for {len(prompts)} prompts; "
+                    "pass one for all or exactly one per prompt"
+                )
+            if not all(isinstance(p, SamplingParams) for p in params_list):
+                raise TypeError("sampling_params must be SamplingParams or a list of them")
+        return [self._make_request(p, sp) for p, sp in zip(prompts, params_list)]
+
+    def _make_request(self, prompt: PromptType, params: SamplingParams) -> Request:
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"prompt_token_ids must be ints in [0, {self.config.vocab_size}), got {bad[:5]}"
+                )
+        else:
+            raise TypeError(f"each prompt must be a str or a dict with 'prompt_token_ids', got {prompt!r}")
+        if not ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens, but the model's context holds "
+                f"{self.max_model_len} (prompt + output); shorten the prompt"
+            )
+        seed = params.seed if params.seed is not None else int(
+            torch.randint(0, 2**62, (1,), generator=self._seeds)
+        )
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        return Request(
+            request_id=str(next(self._request_counter)),
+            prompt=text,
+            prompt_token_ids=ids,
+            sampling_params=params,
+            eos_token_ids=self.eos_token_ids,
+            max_model_len=self.max_model_len,
+            generator=generator,
+        )
+
+    # -- generation -------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate completions for every prompt; outputs come back in prompt order."""
+        requests = self.make_requests(prompts, sampling_params)
+        progress = _progress_bar(len(requests), enabled=use_tqdm)
+        for _ in self.strategy.steps(requests):
+            if progress is not None:
+                progress.update(sum(r.finished for r in requests) - progress.n)
+        if progress is not None:
+            progress.close()
+        return [r.to_output() for r in requests]
+
+    def stream(
+        self, prompt: PromptType, sampling_params: SamplingParams | None = None
+    ) -> Iterator[str]:
+        """Yield the text of one completion piece by piece as tokens are produced."""
+        (request,) = self.make_requests(prompt, sampling_params)
+        shown = 0
+        for _ in self.strategy.steps([request]):
+            text = request.output_text
+            # Hold back text that may still become a stop string or a multi-byte character.
+            safe = len(text) if request.finished else _stable_prefix(text, request.sampling_params)
+            if safe > shown:
+                yield text[shown:safe]
+                shown = safe
+
+
+def _stable_prefix(text: str, params: SamplingParams) -> int:
+    end = len(text.rstrip("\ufffd"))  # an incomplete UTF-8 character decodes as U+FFFD
+    for stop in params.stop_strings:
+        for k in range(min(len(stop) - 1, end), 0, -1):
+            if text[:end].endswith(stop[:k]):
+                end -= k
+                break
+    return end
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    # `delay`: the bar appears only when a run takes longer than two seconds.
+    return tqdm(total=total, desc="Generating", unit="req", leave=False, delay=2)
+
+
+def _load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:
+        raise ValueError(f"could not load a tokenizer from {path}: {e}") from e
+
+
+def _eos_token_ids(config_eos: tuple[int, ...], tokenizer, folder: Path) -> tuple[int, ...]:
+    """EOS ids from generation_config.json, config.json and the tokenizer, merged."""
+    import json
+
+    ids = set(config_eos)
+    gen_file = Path(folder) / "generation_config.json"
+    if gen_file.is_file():
+        eos = json.loads(gen_file.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))

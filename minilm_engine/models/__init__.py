@@ -1,0 +1,14 @@
+"""Models: configuration, the decoder, and the checkpoint loader."""
+
+from .config import ModelConfig, UnsupportedModelError
+from .decoder import CausalLM
+from .loader import CheckpointError, load_model, resolve_model_path
+
+__all__ = [
+    "CausalLM",
+    "CheckpointError",
+    "ModelConfig",
+    "UnsupportedModelError",
+    "load_model",
+    "resolve_model_path",
+]

@@ -1,0 +1,131 @@
+"""A request's state as it moves through a serving strategy, and the rules that finish it.
+
+Contract: strategies call `request.append_output_token(token_id, text)` after every sampled
+token; the request then decides by itself whether it is done (EOS, a stop token, a stop string,
+`max_tokens`, or the model's context full) and records `finish_reason` the way vLLM does:
+"stop" or "length".  Token ids keep the token that stopped it; text drops stop strings.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self.name.startswith("FINISHED")
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+    generator: torch.Generator | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    output_text: str = ""
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    num_computed_tokens: int = 0  # tokens whose keys/values are in the cache (paged engine)
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Output tokens this request may still produce at most (max_tokens and context)."""
+        room = self.max_model_len - self.num_prompt_tokens
+        limit = self.sampling_params.max_tokens
+        return room if limit is None else min(limit, room)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self.status)
+
+    @property
+    def finished(self) -> bool:
+        return self.status.finished
+
+    def append_output_token(self, token_id: int, text: str) -> None:
+        """Record a sampled token and the decoded text of all outputs so far, then check stops."""
+        now = time.perf_counter()
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = now
+        self.metrics.token_times.append(now)
+        self.output_token_ids.append(token_id)
+        self.output_text = text
+        self._check_stop()
+        if self.finished:
+            self.metrics.finished_time = now
+
+    def _check_stop(self) -> None:
+        params, token = self.sampling_params, self.output_token_ids[-1]
+        if token in params.stop_token_ids or (
+            not params.ignore_eos and token in self.eos_token_ids
+        ):
+            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, token
+            return
+        for stop in params.stop_strings:
+            at = self.output_text.find(stop)
+            if at != -1:
+                self.output_text = self.output_text[:at]  # the stop string is not returned
+                self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, stop
+                return
+        if len(self.output_token_ids) >= self.max_new_tokens:
+            self.status = RequestStatus.FINISHED_LENGTH
+
+    def abort(self) -> None:
+        self.status = RequestStatus.FINISHED_ABORTED
+        self.metrics.finished_time = time.perf_counter()
+
+    def to_output(self) -> RequestOutput:
+        completion = CompletionOutput(
+            index=0,
+            text=self.output_text,
+            token_ids=list(self.output_token_ids),
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=list(self.prompt_token_ids),
+            outputs=[completion],
+            finished=self.finished,
+            metrics=self.metrics,
+        )

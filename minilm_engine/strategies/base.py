@@ -1,0 +1,53 @@
+"""What every serving strategy shares: the model, the tokenizer, and "sample, then record".
+
+Contract: `strategy.steps(requests)` runs the requests to completion one model step at a time
+and yields, after each step, the requests that received a token in it (so callers can stream or
+draw).  `strategy.run(requests)` just drains it.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+import torch
+
+from ..models import CausalLM
+from ..request import Request, RequestStatus
+from ..sampler import sample
+
+
+class Strategy(ABC):
+    name: str = ""
+
+    def __init__(self, model: CausalLM, tokenizer, max_num_seqs: int = 8):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_num_seqs = max_num_seqs
+
+    @abstractmethod
+    def steps(self, requests: list[Request]) -> Iterator[list[Request]]:
+        """Run `requests` to completion, yielding the requests that got a token each step."""
+
+    def run(self, requests: list[Request]) -> None:
+        for _ in self.steps(requests):
+            pass
+
+    def sample_and_append(self, requests: list[Request], logits: torch.Tensor) -> None:
+        """logits: (len(requests), V), one row per request -> one new token each."""
+        tokens = sample(
+            logits, [r.sampling_params for r in requests], [r.generator for r in requests]
+        ).tolist()
+        for request, token in zip(requests, tokens):
+            text = self.tokenizer.decode(
+                request.output_token_ids + [token], skip_special_tokens=True
+            )
+            request.append_output_token(token, text)
+
+    @staticmethod
+    def mark_running(requests: list[Request]) -> None:
+        for r in requests:
+            r.status = RequestStatus.RUNNING
+            if r.metrics.first_scheduled_time is None:
+                r.metrics.first_scheduled_time = time.perf_counter()
