@@ -173,6 +173,11 @@ class LLM:
     ) -> Iterator[str]:
         """Yield the text of one completion piece by piece as tokens are produced."""
         (request,) = self.make_requests(prompt, sampling_params)
+        yield from self.stream_request(request)
+
+    def stream_request(self, request: Request) -> Iterator[str]:
+        """Run one prepared request, yielding new text after each token (the request keeps
+        its token ids and metrics for the caller to read afterwards)."""
         shown = 0
         for _ in self.strategy.steps([request]):
             text = request.output_text

@@ -1,0 +1,65 @@
+"""`minilm-engine generate "prompt"`: stream a completion to the terminal and report tokens/s."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .llm import LLM
+from .sampling_params import SamplingParams
+from .strategies import STRATEGIES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minilm-engine", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="stream a completion of PROMPT")
+    gen.add_argument("prompt")
+    gen.add_argument("--model", default=None, help="folder, shipped name or hub id (default: noodle-chef)")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    gen.add_argument("--strategy", default="kv_cache", choices=sorted(STRATEGIES))
+    gen.add_argument("--device", default=None)
+    gen.add_argument("--dtype", default="auto")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            stop=args.stop,
+        )
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, strategy=args.strategy)
+    except (ValueError, TypeError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"[{llm}]", file=sys.stderr)
+    sys.stdout.write(args.prompt)
+    start = time.perf_counter()
+    (request,) = llm.make_requests(args.prompt, params)
+    for piece in llm.stream_request(request):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    elapsed = time.perf_counter() - start
+    num_tokens = len(request.output_token_ids)
+    print(
+        f"\n[{num_tokens} tokens in {elapsed:.2f} s: {num_tokens / elapsed:.1f} tokens/s, "
+        f"finish_reason={request.finish_reason}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
