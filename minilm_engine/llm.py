@@ -12,18 +12,16 @@ import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
-
 import torch
 
+from .engine.config import EngineConfig
 from .device import resolve_device, resolve_dtype
+from .inputs import InputProcessor, PromptType
 from .models import load_model, resolve_model_path
 from .outputs import RequestOutput
 from .request import Request
 from .sampling_params import SamplingParams
 from .strategies import STRATEGIES, Strategy
-
-PromptType = str | dict[str, Any]
-
 
 class LLM:
     """An engine for offline generation.
@@ -34,9 +32,12 @@ class LLM:
         dtype: "auto" (fp32 on CPU, bf16 or fp16 on GPU), a dtype name, or a torch.dtype.
         device: "cpu", "cuda" or None (CUDA when available).
         seed: seeds the per-request generators of requests whose SamplingParams have no seed.
-        strategy: one of `STRATEGIES` ("no_cache", "kv_cache", "static_batch").
-        max_num_seqs: most requests in one batch (static batching).
+        strategy: one of `STRATEGIES`: "continuous" (default: continuous batching over a
+            paged KV cache), or the baselines "no_cache", "kv_cache", "static_batch".
         max_model_len: context length (defaults to the model's max_position_embeddings).
+        **engine_args: `EngineConfig` fields: max_num_seqs, max_num_batched_tokens, block_size,
+            num_kv_blocks, kv_cache_memory, gpu_memory_utilization, enable_prefix_caching,
+            enable_chunked_prefill.
     """
 
     def __init__(
@@ -47,14 +48,17 @@ class LLM:
         dtype: str | torch.dtype = "auto",
         device: str | torch.device | None = None,
         seed: int = 0,
-        strategy: str = "kv_cache",
-        max_num_seqs: int = 8,
+        strategy: str = "continuous",
         max_model_len: int | None = None,
+        **engine_args: Any,
     ):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
-        if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be a positive int, got {max_num_seqs!r}")
+        known = set(EngineConfig.__dataclass_fields__)
+        unknown = sorted(set(engine_args) - known)
+        if unknown:
+            raise TypeError(f"unknown LLM arguments {unknown}; engine arguments are {sorted(known)}")
+        engine_config = EngineConfig(**engine_args)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.device = resolve_device(device)
@@ -69,9 +73,21 @@ class LLM:
         self.max_model_len = max_model_len or limit
         self.eos_token_ids = _eos_token_ids(self.config.eos_token_ids, self.tokenizer, self.model_path)
         self.strategy_name = strategy
-        self.strategy: Strategy = STRATEGIES[strategy](self.model, self.tokenizer, max_num_seqs)
-        self._seeds = torch.Generator().manual_seed(seed)
+        self.input_processor = InputProcessor(
+            self.tokenizer, self.config.vocab_size, self.max_model_len, self.eos_token_ids, self.device, seed
+        )
         self._request_counter = itertools.count()
+        self.strategy: Strategy = STRATEGIES[strategy](
+            self.model, self.tokenizer, engine_config, self.input_processor
+        )
+
+    @property
+    def engine(self):
+        """The `LLMEngine` (add_request / step / abort_request), for strategy="continuous"."""
+        engine = getattr(self.strategy, "engine", None)
+        if engine is None:
+            raise AttributeError(f"strategy {self.strategy_name!r} has no step-wise engine; use 'continuous'")
+        return engine
 
     @property
     def num_parameters(self) -> int:
@@ -116,39 +132,7 @@ class LLM:
         return [self._make_request(p, sp) for p, sp in zip(prompts, params_list)]
 
     def _make_request(self, prompt: PromptType, params: SamplingParams) -> Request:
-        if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
-        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.config.vocab_size]
-            if bad:
-                raise ValueError(
-                    f"prompt_token_ids must be ints in [0, {self.config.vocab_size}), got {bad[:5]}"
-                )
-        else:
-            raise TypeError(f"each prompt must be a str or a dict with 'prompt_token_ids', got {prompt!r}")
-        if not ids:
-            raise ValueError("the prompt is empty: at least one token is needed")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens, but the model's context holds "
-                f"{self.max_model_len} (prompt + output); shorten the prompt"
-            )
-        seed = params.seed if params.seed is not None else int(
-            torch.randint(0, 2**62, (1,), generator=self._seeds)
-        )
-        generator = None
-        if not params.greedy:
-            generator = torch.Generator(device=self.device).manual_seed(seed)
-        return Request(
-            request_id=str(next(self._request_counter)),
-            prompt=text,
-            prompt_token_ids=ids,
-            sampling_params=params,
-            eos_token_ids=self.eos_token_ids,
-            max_model_len=self.max_model_len,
-            generator=generator,
-        )
+        return self.input_processor.make_request(str(next(self._request_counter)), prompt, params)
 
     # -- generation -------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature)
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # written this way so that NaN is rejected too
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         _check_number("top_p", self.top_p)
         if not 0 < self.top_p <= 1:

@@ -282,13 +282,15 @@ def make_dialogue(rng: random.Random) -> str:
         text += f"{waiter}: The {tip} is very good today. It is {money(NOODLES[tip])}.\n"
     if rng.random() < 0.3:
         asked = rng.choice(sorted(PRICES))
-        text += f"{guest}: How much is the {asked}?\n{waiter}: The {asked} is {money(PRICES[asked])}.\n"
-    text += f"{guest}: {'I' if num_guests == 1 else 'We'} would like {join_words([spoken(line) for line in lines])}.\n"
+        text += f"{guest}: How much is the {asked}?\n"
+        text += f"{waiter}: The {asked} is {money(PRICES[asked])}.\n"
+    order_words = join_words([spoken(line) for line in lines])
+    text += f"{guest}: {'I' if num_guests == 1 else 'We'} would like {order_words}.\n"
     if rng.random() < 0.3:
         text += f"{waiter}: Any allergies I should tell the kitchen about?\n"
         text += f"{guest}: " + rng.choice(["No, thank you.", "Yes, no peanuts please.",
                                            "One of us cannot eat sesame."]) + "\n"
-    text += f"{waiter}: So that is {join_words([spoken(line) for line in lines])} "
+    text += f"{waiter}: So that is {order_words} "
     text += f"for table {table}. It will be ready in about {rng.choice([5, 10, 15])} minutes.\n"
     if rng.random() < 0.5:
         total = sum(line.quantity * (line.unit_cents + sum(TOPPINGS[t] for t in line.toppings))
@@ -317,7 +319,7 @@ def make_diary(rng: random.Random) -> str:
         f"We sold out of {rng.choice(sorted(SIDES))} by {random_time(rng)}.",
         f"{rng.choice(CHEFS)} tried a new recipe for the {rng.choice(sorted(NOODLES))}, "
         f"and the regulars liked it.",
-        f"Cash in the drawer at closing: {money(rng.randint(200, 1500) * 100 + rng.choice([0, 50]))}.",
+        f"Cash in the drawer at closing: {money(rng.randint(200, 1500) * 100)}.",
     ]
     chosen = rng.sample(sentences, rng.randint(2, 5))
     chosen.append(f"Tomorrow: order more {item} from {supplier}.")
@@ -363,25 +365,40 @@ def make_document(kind: str, rng: random.Random) -> str:
     return _MAKERS[kind][0](rng)
 
 
+SYSTEM_PROMPT_RATE = 0.05  # share of documents that start with the house rules
+
+
 def generate_documents(num_documents: int, seed: int = 0) -> list[str]:
     """Return `num_documents` noodle-shop documents; the same arguments give the same text.
 
     Kinds are mixed at random (see `DOCUMENT_KINDS`); each document ends with a newline and is
     a few lines to a few hundred tokens long. Training joins them with an end-of-text token.
+    One document in twenty starts with `SYSTEM_PROMPT`, so a model trained on the corpus
+    continues "house rules + opening line" prompts (the shared prefix of the prefix-caching
+    chapters) as well as bare openings.
     """
     if num_documents < 0:
         raise ValueError(f"num_documents must be >= 0, got {num_documents}")
     rng = random.Random(seed)
     kinds = list(_MAKERS)
     weights = [weight for _, weight in _MAKERS.values()]
-    return [make_document(rng.choices(kinds, weights)[0], rng) for _ in range(num_documents)]
+    documents = []
+    for _ in range(num_documents):
+        prefix = SYSTEM_PROMPT if rng.random() < SYSTEM_PROMPT_RATE else ""
+        documents.append(prefix + make_document(rng.choices(kinds, weights)[0], rng))
+    return documents
 
 
 def sample_prompts(num_prompts: int, seed: int = 0) -> list[str]:
     """Return realistic prompts: the first line (newline included) of generated documents.
 
-    For example "Order for table 7:\\n", "Receipt #1042\\n" or a waiter's greeting. They are
-    the openings of `generate_documents(num_prompts, seed)`, so a model trained on the corpus
-    knows how to continue them.
+    For example "Order for table 7:\n", "Receipt #1042\n" or a waiter's greeting. They are
+    the openings of `generate_documents(num_prompts, seed)` (without the house rules some of
+    those start with; prepend `SYSTEM_PROMPT` for a shared-prefix workload), so a model
+    trained on the corpus knows how to continue them.
     """
-    return [doc[: doc.index("\n") + 1] for doc in generate_documents(num_prompts, seed)]
+    prompts = []
+    for doc in generate_documents(num_prompts, seed):
+        doc = doc.removeprefix(SYSTEM_PROMPT)
+        prompts.append(doc[: doc.index("\n") + 1])
+    return prompts

@@ -96,7 +96,7 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return [], 0
-        max_num_blocks = (len(token_ids) - 1) // self.block_size
+        max_num_blocks = len(token_ids) // self.block_size
         computed_blocks: list[KVCacheBlock] = []
         parent_hash = None
         for i in range(max_num_blocks):

@@ -108,6 +108,11 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"hidden_act {d['hidden_act']!r} is not supported; only 'silu' (SwiGLU) is"
             )
+        biased = [k for k in ("attention_bias", "mlp_bias") if d.get(k)]
+        if biased:
+            raise UnsupportedModelError(
+                f"{model_type} checkpoints with {' and '.join(biased)}=true are not supported"
+            )
         num_heads = d["num_attention_heads"]
         num_kv_heads = d.get("num_key_value_heads") or num_heads
         if num_heads % num_kv_heads:

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import torch
 
+from ..engine.config import EngineConfig
+from ..inputs import InputProcessor
 from ..models import CausalLM
 from ..request import Request, RequestStatus
 from ..sampler import sample
@@ -21,10 +23,13 @@ from ..sampler import sample
 class Strategy(ABC):
     name: str = ""
 
-    def __init__(self, model: CausalLM, tokenizer, max_num_seqs: int = 8):
+    def __init__(
+        self, model: CausalLM, tokenizer, config: EngineConfig, input_processor: InputProcessor
+    ):
         self.model = model
         self.tokenizer = tokenizer
-        self.max_num_seqs = max_num_seqs
+        self.config = config
+        self.input_processor = input_processor
 
     @abstractmethod
     def steps(self, requests: list[Request]) -> Iterator[list[Request]]:

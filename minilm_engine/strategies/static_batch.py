@@ -25,8 +25,8 @@ class StaticBatchStrategy(Strategy):
 
     @torch.inference_mode()
     def steps(self, requests: list[Request]) -> Iterator[list[Request]]:
-        for start in range(0, len(requests), self.max_num_seqs):
-            yield from self._run_batch(requests[start : start + self.max_num_seqs])
+        for start in range(0, len(requests), self.config.max_num_seqs):
+            yield from self._run_batch(requests[start : start + self.config.max_num_seqs])
 
     def _run_batch(self, batch: list[Request]) -> Iterator[list[Request]]:
         device = self.model.device

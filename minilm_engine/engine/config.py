@@ -1,0 +1,41 @@
+"""Engine settings, with vLLM's names, checked once at the boundary.
+
+Contract: an `EngineConfig` that constructs is consistent (positive sizes, a token budget a
+prompt can fit into when chunked prefill is off).  Every serving strategy reads the fields it
+needs; the paged engine reads all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 16  # most requests in one batch
+    max_num_batched_tokens: int = 512  # token budget of one engine step (prefill + decode)
+    block_size: int = 16  # tokens per KV block
+    num_kv_blocks: int | None = None  # pool size; None = from kv_cache_memory or the device
+    kv_cache_memory: int | None = None  # byte budget for the pool, alternative to num_kv_blocks
+    gpu_memory_utilization: float = 0.9  # on a GPU, share of memory the engine may fill
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("num_kv_blocks", "kv_cache_memory"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
+            raise ValueError("pass num_kv_blocks or kv_cache_memory, not both")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")

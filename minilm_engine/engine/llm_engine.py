@@ -1,0 +1,191 @@
+"""The continuous-batching engine over a paged KV cache, shaped like vLLM's `LLMEngine`.
+
+Contract: `add_request` validates and queues (raising before any state changes if the request
+is bad); each `step()` runs one scheduler decision and one model forward and returns the
+`RequestOutput`s of the requests that advanced; `abort_request` frees a request's blocks at
+once.  Every step is recorded in `engine.trace`.
+
+    add_request ─> Scheduler.waiting ─┐
+                                      ▼
+    step():   Scheduler.schedule()  ──>  ModelRunner.execute()  ──>  sampled tokens
+                 (BlockManager: slots,      (PagedAttention over          │
+                  prefix hits, preempt)      the PagedKVCache)            ▼
+              Scheduler.update_from_output()  <──  Request.append_output_token()  ──> outputs
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..inputs import InputProcessor, PromptType
+from ..kv_cache.block_manager import BlockManager
+from ..kv_cache.block_pool import BlockPool
+from ..kv_cache.paged import PagedKVCache
+from ..models import CausalLM
+from ..outputs import RequestOutput
+from ..request import Request
+from ..sampling_params import SamplingParams
+from .config import EngineConfig
+from .model_runner import ModelRunner
+from .scheduler import Scheduler
+from .trace import ScheduledChunk, StepCallback, StepRecord, StepTrace
+
+CPU_KV_CACHE_LIMIT = 1 << 30  # never reserve more than 1 GiB of KV cache on a CPU by default
+
+
+def decide_num_kv_blocks(config: EngineConfig, model: CausalLM, max_model_len: int) -> int:
+    """Pool size: as asked, or from a byte budget, or (default) from the device."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    per_block = PagedKVCache.bytes_per_block(model.config, config.block_size, model.dtype)
+    if config.kv_cache_memory is not None:
+        return max(1, config.kv_cache_memory // per_block)
+    if model.device.type == "cuda":
+        # What is left after the weights, minus the share we promised not to touch.
+        free, total = torch.cuda.mem_get_info(model.device)
+        budget = free - (1 - config.gpu_memory_utilization) * total
+        return max(1, int(budget // per_block))
+    # CPU: room for max_num_seqs requests of full length, within a sane cap.
+    wanted = -(-config.max_num_seqs * max_model_len // config.block_size)
+    return max(1, min(wanted, CPU_KV_CACHE_LIMIT // per_block))
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: CausalLM,
+        tokenizer,
+        input_processor: InputProcessor,
+        config: EngineConfig | None = None,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.input_processor = input_processor
+        self.config = config or EngineConfig()
+        self.max_model_len = input_processor.max_model_len
+        if not self.config.enable_chunked_prefill and self.config.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill, max_num_batched_tokens ({self.config.max_num_batched_tokens}) "
+                f"must be >= max_model_len ({self.max_model_len}) so that every prompt fits one step"
+            )
+        num_blocks = decide_num_kv_blocks(self.config, model, self.max_model_len)
+        self.block_pool = BlockPool(num_blocks, enable_caching=self.config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            self.block_pool, self.config.block_size, self.config.enable_prefix_caching
+        )
+        self.cache = PagedKVCache(model.config, num_blocks, self.config.block_size, model.dtype, model.device)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.runner = ModelRunner(model, self.cache, self.block_manager)
+        self.requests: dict[str, Request] = {}
+        self.trace = StepTrace()
+        self.num_steps = 0
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt: PromptType, sampling_params: SamplingParams | None = None
+    ) -> Request:
+        """Validate, tokenize and queue a request; raises ValueError/TypeError if it is bad."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {request_id!r}")
+        request = self.input_processor.make_request(request_id, prompt, sampling_params or SamplingParams())
+        self.add_prepared_request(request)
+        return request
+
+    def add_prepared_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        # A request that could not fit the whole pool even alone would be preempted forever.
+        worst_case = request.num_prompt_tokens + request.max_new_tokens
+        blocks_needed = -(-worst_case // self.config.block_size)
+        if blocks_needed > self.block_pool.num_blocks:
+            raise ValueError(
+                f"request {request.request_id!r} may need {worst_case} tokens of KV cache "
+                f"({blocks_needed} blocks of {self.config.block_size}), but the whole pool has "
+                f"{self.block_pool.num_blocks} blocks; lower max_tokens or grow num_kv_blocks"
+            )
+        self.requests[request.request_id] = request
+        self.scheduler.add_request(request)
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now and free its KV blocks; unknown or finished ids are ignored."""
+        request = self.requests.pop(request_id, None)
+        if request is None or request.finished:
+            return
+        self.scheduler.finish(request)
+        request.abort()
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.scheduler.waiting) + len(self.scheduler.running)
+
+    def add_step_callback(self, callback: StepCallback) -> None:
+        self.trace.callbacks.append(callback)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            if self.scheduler.has_unfinished_requests():
+                raise RuntimeError("scheduler made no progress (pool too small for any request)")
+            return []
+        now = time.perf_counter()
+        for s in sched.scheduled:
+            if s.request.metrics.first_scheduled_time is None:
+                s.request.metrics.first_scheduled_time = now
+        chunks = [
+            ScheduledChunk(
+                s.request.request_id,
+                s.num_new_tokens if s.is_prefill else 0,
+                0 if s.is_prefill else s.num_new_tokens,
+                s.num_cached_tokens,
+            )
+            for s in sched.scheduled
+        ]
+        tokens = self.runner.execute(sched.scheduled)
+        self.scheduler.update_from_output(sched)
+
+        outputs, finished = [], []
+        for s, token in zip(sched.scheduled, tokens):
+            request = s.request
+            if token is None:
+                continue  # a prefill chunk: nothing to sample yet
+            text = self.tokenizer.decode(request.output_token_ids + [token], skip_special_tokens=True)
+            request.append_output_token(token, text)
+            if request.finished:
+                self.scheduler.finish(request)
+                self.requests.pop(request.request_id, None)
+                finished.append(request.request_id)
+            outputs.append(request.to_output())
+        self._record(start, chunks, sched.preempted, finished)
+        return outputs
+
+    def _record(self, start, chunks, preempted, finished) -> None:
+        pool = self.block_pool
+        self.trace.append(
+            StepRecord(
+                step=self.num_steps,
+                start_time=start,
+                duration_s=time.perf_counter() - start,
+                chunks=chunks,
+                preempted=[r.request_id for r in preempted],
+                finished=finished,
+                block_events=pool.drain_events(),
+                num_waiting=len(self.scheduler.waiting),
+                num_running=len(self.scheduler.running),
+                num_blocks=pool.num_blocks,
+                num_used_blocks=pool.num_used_blocks,
+                num_cached_blocks=sum(b.ref_cnt == 0 and b.block_hash is not None for b in pool.blocks),
+                block_tables={
+                    r.request_id: self.block_manager.get_block_table(r.request_id)
+                    for r in self.scheduler.running
+                },
+            )
+        )
+        self.num_steps += 1

@@ -1,0 +1,76 @@
+"""One engine step on the model: flatten the scheduled tokens, run, sample.
+
+Contract: `ModelRunner.execute(scheduled)` computes keys/values for every scheduled token into
+the paged cache and returns, per scheduled request, the sampled next token, or None when the
+step only computed part of a prompt (a chunk) and there is nothing to sample yet.
+
+    scheduled:    A: 4 prompt tokens   B: 1 decode token   C: 2 of 5 prompt tokens (a chunk)
+    input_ids:    [ a0 a1 a2 a3 | b7 | c0 c1 ]          one row, no padding
+    positions:    [  0  1  2  3 |  7 |  0  1 ]
+    logits taken at:         ^a3   ^b7          (C samples nothing until its prompt is done)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kv_cache.block_manager import BlockManager
+from ..kv_cache.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from ..models import CausalLM
+from ..sampler import sample
+from .scheduler import ScheduledRequest
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, cache: PagedKVCache, block_manager: BlockManager):
+        self.model = model
+        self.cache = cache
+        self.block_manager = block_manager
+
+    def prepare(self, scheduled: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
+        """Build (input_ids (N,), positions (N,), metadata) for the flattened step."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        query_start_loc = [0]
+        context_lens: list[int] = []
+        block_tables: list[list[int]] = []
+        for s in scheduled:
+            r = s.request
+            start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
+            input_ids += r.all_token_ids[start:end]
+            positions += range(start, end)
+            slot_mapping += self.block_manager.slot_mapping(r.request_id, start, end)
+            query_start_loc.append(len(input_ids))
+            context_lens.append(end)
+            block_tables.append(self.block_manager.get_block_table(r.request_id))
+        width = max(len(t) for t in block_tables)
+        device = self.model.device
+
+        def as_tensor(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        meta = PagedAttentionMetadata(
+            slot_mapping=as_tensor(slot_mapping),
+            query_start_loc=as_tensor(query_start_loc),
+            context_lens=as_tensor(context_lens),
+            block_tables=as_tensor([t + [0] * (width - len(t)) for t in block_tables]),
+        )
+        return as_tensor(input_ids), as_tensor(positions), meta
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledRequest]) -> list[int | None]:
+        input_ids, positions, meta = self.prepare(scheduled)
+        hidden = self.model(input_ids[None], positions[None], PagedAttention(self.cache, meta))[0]  # (N, hidden)
+        # Only sequences whose every known token is now computed get a next token.
+        sampling = [i for i, s in enumerate(scheduled) if s.completes_sequence]
+        results: list[int | None] = [None] * len(scheduled)
+        if not sampling:
+            return results
+        last_token_rows = meta.query_start_loc[1:][sampling] - 1
+        logits = self.model.compute_logits(hidden[last_token_rows])  # (num_sampling, V)
+        requests = [scheduled[i].request for i in sampling]
+        tokens = sample(logits, [r.sampling_params for r in requests], [r.generator for r in requests])
+        for i, token in zip(sampling, tokens.tolist()):
+            results[i] = token
+        return results

@@ -1,0 +1,160 @@
+"""Continuous batching: who runs in the next engine step, and how many tokens each.
+
+Contract: `schedule()` picks work for one step under two limits, `max_num_batched_tokens`
+(tokens computed this step) and `max_num_seqs` (requests in the batch).  There is no "prefill
+phase" or "decode phase": each request simply has tokens whose keys/values are not computed yet
+(`num_tokens - num_computed_tokens`: the whole prompt at first, one token per step later), and
+all requests draw on the same budget (vLLM v1's scheduler):
+
+    1. running requests first, in arrival order; a prompt too long for what is left of the
+       budget is cut into a chunk (chunked prefill);
+    2. if the pool runs out of blocks, the most recently arrived running request is preempted:
+       its blocks are freed and it goes back to the front of the queue, to be recomputed later
+       (so nothing is lost and the oldest requests always make progress);
+    3. then waiting requests, oldest first, reusing cached prefix blocks where they can.
+
+`update_from_output()` records what the step computed; the engine appends sampled tokens and
+calls `finish()` for requests that are done.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..kv_cache.block_manager import BlockManager
+from ..request import Request, RequestStatus
+from .config import EngineConfig
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # tokens computed this step, from request.num_computed_tokens on
+    num_cached_tokens: int = 0  # prefix-cache hit, on the request's first step only
+
+    @property
+    def is_prefill(self) -> bool:
+        """Decode = computing the one token sampled last step; anything else fills the cache
+        (a prompt, a chunk of one, or a preempted request's recompute)."""
+        r = self.request
+        is_decode = (
+            self.num_new_tokens == 1
+            and r.num_computed_tokens == r.num_tokens - 1
+            and len(r.output_token_ids) > 0
+        )
+        return not is_decode
+
+    @property
+    def completes_sequence(self) -> bool:
+        """After this step every known token is computed, so the step samples a new token."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if s.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if not s.is_prefill)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Invariant: every request is in exactly one of `waiting` and `running`, or finished;
+    running requests hold blocks, waiting ones hold none."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+
+        # 1. Running requests, oldest first.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = self._num_tokens_to_compute(request, budget)
+            if num_new == 0:
+                i += 1
+                continue
+            # 2. Make room: preempt from the back (newest) until this request fits.
+            while not self.block_manager.allocate_slots(
+                request.request_id, request.num_computed_tokens, num_new
+            ):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(request, num_new))
+                budget -= num_new
+                i += 1
+
+        # 3. Waiting requests, oldest first, while budget, batch slots and blocks allow.
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if out.preempted:
+                break  # memory is short this step: admitting more would only thrash
+            request = self.waiting[0]
+            computed_blocks, num_cached = self.block_manager.get_computed_blocks(request.all_token_ids)
+            request.num_computed_tokens = num_cached
+            num_new = self._num_tokens_to_compute(request, budget)
+            if num_new == 0 or not self.block_manager.allocate_slots(
+                request.request_id, num_cached, num_new, computed_blocks
+            ):
+                request.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            out.scheduled.append(ScheduledRequest(request, num_new, num_cached))
+            budget -= num_new
+        return out
+
+    def _num_tokens_to_compute(self, request: Request, budget: int) -> int:
+        remaining = request.num_tokens - request.num_computed_tokens
+        if remaining <= budget:
+            return remaining
+        # Without chunked prefill a prompt runs whole or waits for a step with room for it.
+        return budget if self.config.enable_chunked_prefill else 0
+
+    def _preempt(self, request: Request) -> None:
+        self.block_manager.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+
+    def update_from_output(self, out: SchedulerOutput) -> None:
+        """The step ran: its tokens' keys/values are in the cache; full blocks join the cache."""
+        for s in out.scheduled:
+            r = s.request
+            r.num_computed_tokens += s.num_new_tokens
+            self.block_manager.commit(r.request_id, r.all_token_ids, r.num_computed_tokens)
+
+    def finish(self, request: Request) -> None:
+        """Remove a finished or aborted request and free its blocks (now, not later)."""
+        if request in self.running:
+            self.running.remove(request)
+            self.block_manager.free(request.request_id)
+        elif request in self.waiting:
+            self.waiting.remove(request)

@@ -1,0 +1,115 @@
+"""A record of every engine step, for plots, widgets and tests.
+
+Contract: after each step the engine appends one `StepRecord` (who ran, with how many prefill
+and decode tokens, what happened to which KV block, pool occupancy, wall time) and calls every
+registered callback with it, so a widget can follow the engine live.  `to_dataframe()` gives
+one row per (step, request) for analysis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from ..kv_cache.block_pool import BlockEvent
+
+
+@dataclass
+class ScheduledChunk:
+    request_id: str
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_cached_tokens: int = 0  # prefix-cache hit taken in this step
+
+
+@dataclass
+class StepRecord:
+    step: int
+    start_time: float
+    duration_s: float
+    chunks: list[ScheduledChunk]
+    preempted: list[str]
+    finished: list[str]
+    block_events: list[BlockEvent]
+    num_waiting: int
+    num_running: int
+    num_blocks: int
+    num_used_blocks: int
+    num_cached_blocks: int  # free but still holding a reusable prefix
+    block_tables: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.num_prefill_tokens for c in self.chunks)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(c.num_decode_tokens for c in self.chunks)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+
+StepCallback = Callable[[StepRecord], None]
+
+
+class StepTrace:
+    def __init__(self) -> None:
+        self.records: list[StepRecord] = []
+        self.callbacks: list[StepCallback] = []
+
+    def append(self, record: StepRecord) -> None:
+        self.records.append(record)
+        for callback in self.callbacks:
+            callback(record)
+
+    def clear(self) -> None:
+        self.records.clear()
+
+    def to_records(self) -> list[dict]:
+        """One dict per (step, scheduled request)."""
+        rows = []
+        for rec in self.records:
+            for chunk in rec.chunks:
+                rows.append(
+                    {
+                        "step": rec.step,
+                        "start_time": rec.start_time,
+                        "duration_s": rec.duration_s,
+                        **asdict(chunk),
+                        "num_running": rec.num_running,
+                        "num_waiting": rec.num_waiting,
+                        "kv_usage": rec.usage,
+                    }
+                )
+        return rows
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.to_records())
+
+    def steps_dataframe(self):
+        """One row per step: token counts, occupancy and timing."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            [
+                {
+                    "step": r.step,
+                    "start_time": r.start_time,
+                    "duration_s": r.duration_s,
+                    "num_seqs": len(r.chunks),
+                    "num_prefill_tokens": r.num_prefill_tokens,
+                    "num_decode_tokens": r.num_decode_tokens,
+                    "num_running": r.num_running,
+                    "num_waiting": r.num_waiting,
+                    "num_used_blocks": r.num_used_blocks,
+                    "num_cached_blocks": r.num_cached_blocks,
+                    "kv_usage": r.usage,
+                    "num_preempted": len(r.preempted),
+                }
+                for r in self.records
+            ]
+        )

@@ -1,0 +1,75 @@
+"""Prompts in, `Request`s out: tokenization and validation at the engine's boundary.
+
+Contract: `InputProcessor.make_request` either returns a `Request` ready to schedule or raises
+`ValueError` / `TypeError` naming the problem, before any engine state changes, so one bad
+request never disturbs the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .request import Request
+from .sampling_params import SamplingParams
+
+PromptType = str | dict[str, Any]
+
+
+class InputProcessor:
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        max_model_len: int,
+        eos_token_ids: tuple[int, ...],
+        device: torch.device,
+        seed: int = 0,
+    ):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.device = device
+        # Requests without their own seed draw one from here: reproducible run to run.
+        self._seeds = torch.Generator().manual_seed(seed)
+
+    def make_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> Request:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {params!r}")
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"prompt_token_ids must be ints in [0, {self.vocab_size}), got {bad[:5]}"
+                )
+        else:
+            raise TypeError(
+                f"a prompt must be a str or a dict with 'prompt_token_ids', got {prompt!r}"
+            )
+        if not ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens, but the model's context holds "
+                f"{self.max_model_len} (prompt + output); shorten the prompt"
+            )
+        seed = params.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        return Request(
+            request_id=request_id,
+            prompt=text,
+            prompt_token_ids=ids,
+            sampling_params=params,
+            eos_token_ids=self.eos_token_ids,
+            max_model_len=self.max_model_len,
+            generator=generator,
+        )

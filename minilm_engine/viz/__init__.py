@@ -1,0 +1,73 @@
+"""Pictures of the continuous engine, static or live: who runs in each step, and where the KV lives.
+
+    from minilm_engine import viz
+    engine = llm.engine                     # LLM(..., strategy="continuous")
+    viz.show(viz.BatchView(engine))         # batch slots x engine steps
+    viz.show(viz.MemoryView(engine))        # the block pool, and the contiguous alternative
+
+Contract: every view has `.figure()` (a `plotly.graph_objects.Figure` of the engine as it is now;
+needs no widget frontend, so it survives headless execution and HTML export) and `.widget()`
+(an ipywidgets box with a live `FigureWidget` and Step / Run / delay controls).  `show` picks one:
+the static figure when `MINILM_STATIC_FIGURES=1` or no Jupyter kernel runs, the widget otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from .batch_view import BatchCell, BatchView, batch_cells
+from .colors import PALETTE, RequestColors
+from .live import EngineControls, LiveView
+from .memory_view import BlockCell, MemoryView, MemoryWaste, RequestMemory, block_cells, memory_waste, request_memory
+
+ShowMode = Literal["widget", "static"]
+STATIC_ENV_VAR = "MINILM_STATIC_FIGURES"
+
+
+def default_mode() -> ShowMode:
+    """"static" if MINILM_STATIC_FIGURES=1 or no IPython kernel runs, else "widget"."""
+    if os.environ.get(STATIC_ENV_VAR, "").strip() == "1":
+        return "static"
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return "static"
+    shell = get_ipython()
+    return "widget" if shell is not None and getattr(shell, "kernel", None) is not None else "static"
+
+
+def show(view: LiveView, mode: ShowMode | None = None) -> None:
+    """Display `view` as a live widget or a static figure (mode None = `default_mode()`)."""
+    mode = mode or default_mode()
+    if mode not in ("widget", "static"):
+        raise ValueError(f"mode must be 'widget', 'static' or None, got {mode!r}")
+    shown = view.widget() if mode == "widget" else view.figure()
+    try:
+        from IPython.display import display
+    except ImportError:  # plain Python without IPython: only the figure can be shown
+        if mode == "widget":
+            raise RuntimeError("widgets need Jupyter (IPython is not installed); use mode='static'")
+        shown.show()  # plotly opens a browser tab
+        return
+    display(shown)
+
+
+__all__ = [
+    "PALETTE",
+    "BatchCell",
+    "BatchView",
+    "BlockCell",
+    "EngineControls",
+    "LiveView",
+    "MemoryView",
+    "MemoryWaste",
+    "RequestColors",
+    "RequestMemory",
+    "batch_cells",
+    "block_cells",
+    "default_mode",
+    "memory_waste",
+    "request_memory",
+    "show",
+]
