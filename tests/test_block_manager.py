@@ -2,7 +2,7 @@
 checked against a brute-force model of what every cache slot holds."""
 
 import pytest
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -212,6 +212,19 @@ def test_preempted_request_resumes_from_its_own_cached_blocks():
     assert manager.allocate_slots("a", num_cached, len(tokens) - num_cached, blocks)
 
 
+def test_reset_prefix_cache_while_requests_run():
+    manager = make_manager()
+    tokens = list(range(9))
+    assert manager.allocate_slots("a", 0, 9)
+    manager.commit("a", tokens, 4)
+    assert manager.block_pool.reset_prefix_cache() == 1
+    manager.commit("a", tokens, 9)  # a's first block stays uncached; the chain goes on
+    assert manager.get_computed_blocks(tokens) == ([], 0)
+    assert manager.block_tables["a"][1].block_hash is not None
+    manager.free("a")
+    assert manager.num_free_blocks == 8
+
+
 def test_prefix_caching_disabled():
     manager = make_manager(enable_prefix_caching=False)
     run_prefill(manager, "a", list(range(9)))
@@ -220,7 +233,7 @@ def test_prefix_caching_disabled():
 
 
 # ---------------------------------------------------------------------- state machine
-NUM_BLOCKS = 10
+NUM_BLOCKS = 6
 # Prompts = one of a few shared "system prompts" + a random tail over a tiny alphabet, so that
 # prefix hits, duplicate blocks and repeated blocks at different positions are all common.
 SYSTEM_PROMPTS = [[], [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7, 7, 7, 7, 8], [0, 0, 0, 0, 0, 0, 0, 0]]
@@ -269,7 +282,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         ok = self.manager.allocate_slots(request_id, num_computed, num_new, computed_blocks)
         assert can == ok
         if not ok:
+            event("allocate_slots refused")
             assert self.state() == before and self.pool.drain_events() == []
+        elif any(e.kind == "evicted" for e in self.pool.drain_events()):
+            event("eviction")
         return ok
 
     def pick(self, index, predicate):
@@ -297,16 +313,21 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert self.pool.snapshot() == before  # a lookup takes no reference
         assert len(blocks) == self.expected_num_hit_blocks(token_ids)
         assert num_cached == len(blocks) * BLOCK_SIZE
+        if blocks:
+            is_longest = len(blocks) == (len(token_ids) - 1) // BLOCK_SIZE
+            event("longest possible hit" if is_longest else "prefix hit")
         for i, block in enumerate(blocks):  # each hit block holds exactly these tokens
             for offset in range(BLOCK_SIZE):
                 position = i * BLOCK_SIZE + offset
-                assert self.kv[block.block_id * BLOCK_SIZE + offset] == tuple(token_ids[: position + 1])
+                slot = block.block_id * BLOCK_SIZE + offset
+                assert self.kv[slot] == tuple(token_ids[: position + 1])
 
         request_id = f"r{self.num_admitted}"
         self.num_admitted += 1
         num_new = min(chunk, len(token_ids) - num_cached)
         if self.try_allocate(request_id, num_cached, num_new, blocks):
-            assert self.manager.get_block_table(request_id)[: len(blocks)] == [b.block_id for b in blocks]
+            table = self.manager.get_block_table(request_id)
+            assert table[: len(blocks)] == [b.block_id for b in blocks]
             self.requests[request_id] = {
                 "token_ids": token_ids,
                 "num_computed": num_cached,
@@ -330,7 +351,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         request = self.requests[request_id]
         token_ids, start = request["token_ids"], request["num_computed"]
         end = start + request["num_scheduled"]
-        for position, slot in zip(range(start, end), self.manager.slot_mapping(request_id, start, end)):
+        new_slots = self.manager.slot_mapping(request_id, start, end)
+        for position, slot in zip(range(start, end), new_slots):
             block = self.pool.blocks[slot // BLOCK_SIZE]
             # Writing into a shared or cached block would corrupt someone else's KV.
             assert block.ref_cnt == 1 and block.block_hash is None
@@ -357,10 +379,6 @@ class BlockManagerMachine(RuleBasedStateMachine):
         del self.requests[request_id]
         with pytest.raises(KeyError):
             self.manager.free(request_id)
-
-    @rule()
-    def reset_prefix_cache(self):
-        self.pool.reset_prefix_cache()
 
     # -- invariants
     @invariant()

@@ -25,7 +25,8 @@ def test_hash_chains_the_parent():
     h0 = hash_block_tokens(None, [1, 2])
     assert hash_block_tokens(None, (1, 2)) == h0  # list or tuple: same tokens, same hash
     assert hash_block_tokens(h0, [3, 4]) != hash_block_tokens(None, [3, 4])
-    assert hash_block_tokens(h0, [3, 4]) != hash_block_tokens(hash_block_tokens(None, [1, 5]), [3, 4])
+    other_parent = hash_block_tokens(None, [1, 5])
+    assert hash_block_tokens(h0, [3, 4]) != hash_block_tokens(other_parent, [3, 4])
     assert hash_block_tokens(None, [1, 23]) != hash_block_tokens(None, [12, 3])
     assert 0 <= h0 < 2**64
 

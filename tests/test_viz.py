@@ -36,10 +36,10 @@ def tiny_checkpoint(tmp_path_factory, tokenizer):
     return save_checkpoint(folder, build_hf_model("llama", config), tokenizer)
 
 
-def make_engine(folder, num_kv_blocks: int = 40, num_requests: int = 4, max_model_len: int | None = None):
+def make_engine(folder, num_kv_blocks: int = 40, num_requests: int = 4):
     llm = LLM(
         folder, strategy="continuous", num_kv_blocks=num_kv_blocks, block_size=BLOCK_SIZE,
-        max_num_batched_tokens=32, max_num_seqs=4, max_model_len=max_model_len,
+        max_num_batched_tokens=32, max_num_seqs=4,
     )
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -80,9 +80,13 @@ def independent_waste(engine) -> tuple[int, int, int, int]:
     filled = set()
     for r in running:
         filled.update(manager.slot_mapping(r.request_id, 0, r.num_computed_tokens))
-    reserved = sum(r.num_prompt_tokens + min(MAX_TOKENS, engine.max_model_len - r.num_prompt_tokens) for r in running)
+    reserved = sum(
+        r.num_prompt_tokens + min(MAX_TOKENS, engine.max_model_len - r.num_prompt_tokens)
+        for r in running
+    )
     used = sum(r.num_computed_tokens for r in running)
-    return num_used_blocks * BLOCK_SIZE, num_used_blocks * BLOCK_SIZE - len(filled), reserved, reserved - used
+    num_slots = num_used_blocks * BLOCK_SIZE
+    return num_slots, num_slots - len(filled), reserved, reserved - used
 
 
 # ---------------------------------------------------------------------- the tests
@@ -151,21 +155,24 @@ def test_memory_view_grid_matches_the_pool_at_every_step(tiny_checkpoint):
             break
         engine.step()
     assert num_shared_seen > 0, "the scenario should share prefix blocks"
-    assert CACHED_FREE_COLOR in {c for c, _ in cells.values()}  # finished: their prefixes stay cached
+    # All finished: their prefixes stay in the pool as cached-free blocks.
+    assert CACHED_FREE_COLOR in {c for c, _ in cells.values()}
 
 
 def test_waste_numbers_match_an_independent_count(tiny_checkpoint):
     engine = make_engine(tiny_checkpoint)
     for reserve in ("max_tokens", "max_model_len"):
-        assert viz.MemoryView(engine, reserve=reserve).figure().layout.title.text.startswith("KV memory: no")
+        title = viz.MemoryView(engine, reserve=reserve).figure().layout.title.text
+        assert title.startswith("KV memory: no")
     for _ in range(3):
         engine.step()
         waste = viz.memory_waste(engine)
-        assert (
-            waste.num_paged_slots, waste.num_paged_empty, waste.num_contiguous_slots, waste.num_contiguous_empty
-        ) == independent_waste(engine)
+        shown = (waste.num_paged_slots, waste.num_paged_empty)
+        shown += (waste.num_contiguous_slots, waste.num_contiguous_empty)
+        assert shown == independent_waste(engine)
         title = viz.MemoryView(engine).figure().layout.title.text
-        assert f"paged {waste.paged_fraction:.1%} wasted, contiguous {waste.contiguous_fraction:.1%} wasted" in title
+        assert f"paged {waste.paged_fraction:.1%} wasted," in title
+        assert f"contiguous {waste.contiguous_fraction:.1%} wasted" in title
         assert f"{waste.num_paged_empty} of {waste.num_paged_slots} slots empty" in title
         running = engine.scheduler.running
         by_model_len = viz.memory_waste(engine, reserve="max_model_len")
@@ -205,6 +212,9 @@ def test_step_button_advances_the_engine_and_the_widgets_follow(tiny_checkpoint)
     step_button.click()  # nothing left to do: the button does nothing
     assert engine.num_steps == num_steps
     assert "no unfinished requests" in batch.controls[0].status.value
+    batch.close()
+    memory.close()
+    assert engine.trace.callbacks == []
 
 
 def test_live_redraws_are_throttled_but_the_last_step_is_drawn(tiny_checkpoint):
@@ -223,6 +233,9 @@ def test_run_toggle_steps_on_the_event_loop_until_done(tiny_checkpoint):
     view.widget()
     controls = view.controls[0]
     controls.delay_slider.value = 0.0
+    controls.run_button.value = True  # no event loop runs here: refused, with a message
+    assert controls.run_button.value is False and "event loop" in controls.status.value
+    assert engine.num_steps == 0
 
     async def run_then_wait():
         controls.run_button.value = True
@@ -255,17 +268,17 @@ def test_show_picks_static_or_widget(tiny_checkpoint, monkeypatch):
     engine = make_engine(tiny_checkpoint, num_requests=1)
     engine.step()
     shown = []
-    monkeypatch.setattr(IPython.display, "display", shown.append)
+    monkeypatch.setattr(IPython.display, "display", lambda obj, raw=False: shown.append((obj, raw)))
     monkeypatch.setenv("MINILM_STATIC_FIGURES", "1")
     assert viz.default_mode() == "static"
     viz.show(viz.BatchView(engine))
     viz.show(viz.MemoryView(engine), mode="widget")
-    assert isinstance(shown[0], go.Figure) and not isinstance(shown[0], go.FigureWidget)
-    assert isinstance(shown[1].children[1], go.FigureWidget)
+    (bundle, raw), (box, _) = shown
+    # Static: plotly's mimetype for JupyterLab, and HTML that an exported notebook shows.
+    assert raw and {"application/vnd.plotly.v1+json", "text/html", "text/plain"} <= set(bundle)
+    assert "Continuous batching" in bundle["text/html"] and "cdn.plot.ly" in bundle["text/html"]
+    assert isinstance(box.children[1], go.FigureWidget)
     monkeypatch.delenv("MINILM_STATIC_FIGURES")
     assert viz.default_mode() == "static"  # no IPython kernel runs under pytest
     with pytest.raises(ValueError, match="mode must be"):
         viz.show(viz.BatchView(engine), mode="html")
-    # The static figure is self-contained HTML (what an exported notebook shows).
-    html = viz.MemoryView(engine).figure().to_html(include_plotlyjs=False, full_html=False)
-    assert "paged pool" in html

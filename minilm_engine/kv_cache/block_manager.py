@@ -96,7 +96,7 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return [], 0
-        max_num_blocks = len(token_ids) // self.block_size
+        max_num_blocks = (len(token_ids) - 1) // self.block_size
         computed_blocks: list[KVCacheBlock] = []
         parent_hash = None
         for i in range(max_num_blocks):
@@ -219,7 +219,8 @@ class BlockManager:
         table = self._table(request_id)
         if num_computed_tokens > len(token_ids):
             raise ValueError(
-                f"num_computed_tokens={num_computed_tokens} exceeds the {len(token_ids)} token ids given"
+                f"num_computed_tokens={num_computed_tokens} exceeds the {len(token_ids)} "
+                f"token ids given"
             )
         if num_computed_tokens > len(table) * self.block_size:
             raise ValueError(

@@ -1,8 +1,8 @@
 """The pool of fixed-size KV-cache blocks: ref counts, an LRU free queue and a prefix-hash map.
 
 Contract: `BlockPool` only does bookkeeping; it never touches a tensor. Block `i` stands for
-rows `[i * block_size, (i + 1) * block_size)` of the per-layer key/value caches that the model
-runner owns. Which request holds which blocks, and which tokens a block holds, is the job of
+cache slots `[i * block_size, (i + 1) * block_size)` of the per-layer key/value caches that the
+model runner owns. Which request holds which blocks, and which tokens a block holds, is the job of
 `block_manager.BlockManager`. This file follows vLLM v1's `v1/core/block_pool.py`.
 
 Every block is in exactly one of three states:
@@ -137,7 +137,7 @@ class BlockPool:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks in use (0.0 = all free, 1.0 = full). Cached-free blocks count as free."""
+        """Fraction of blocks in use, from 0.0 to 1.0; cached-free blocks count as free."""
         return self.num_used_blocks / self.num_blocks
 
     # ------------------------------------------------------------------ allocation
@@ -196,7 +196,7 @@ class BlockPool:
     def cache_full_block(
         self, block: KVCacheBlock, block_hash: int, request_id: str | None = None
     ) -> bool:
-        """Register a full block under `block_hash`; return whether this block is now the cached one.
+        """Register a full block under `block_hash`; return whether `block` is now the cached one.
 
         If another block already holds this hash (two requests computed the same prefix at the
         same time), the existing entry wins and `block` stays uncached: one hash names one block,
@@ -221,7 +221,7 @@ class BlockPool:
         return True
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached prefix (e.g. after the weights changed); return how many were dropped.
+        """Forget every cached prefix (e.g. after new weights); return how many were dropped.
 
         Blocks in use keep their data for their owners; they just can no longer be shared.
         """

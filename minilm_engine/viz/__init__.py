@@ -19,14 +19,22 @@ from typing import Literal
 from .batch_view import BatchCell, BatchView, batch_cells
 from .colors import PALETTE, RequestColors
 from .live import EngineControls, LiveView
-from .memory_view import BlockCell, MemoryView, MemoryWaste, RequestMemory, block_cells, memory_waste, request_memory
+from .memory_view import (
+    BlockCell,
+    MemoryView,
+    MemoryWaste,
+    RequestMemory,
+    block_cells,
+    memory_waste,
+    request_memory,
+)
 
 ShowMode = Literal["widget", "static"]
 STATIC_ENV_VAR = "MINILM_STATIC_FIGURES"
 
 
 def default_mode() -> ShowMode:
-    """"static" if MINILM_STATIC_FIGURES=1 or no IPython kernel runs, else "widget"."""
+    """Return "static" if MINILM_STATIC_FIGURES=1 or no IPython kernel runs, else "widget"."""
     if os.environ.get(STATIC_ENV_VAR, "").strip() == "1":
         return "static"
     try:
@@ -34,23 +42,45 @@ def default_mode() -> ShowMode:
     except ImportError:
         return "static"
     shell = get_ipython()
-    return "widget" if shell is not None and getattr(shell, "kernel", None) is not None else "static"
+    has_kernel = shell is not None and getattr(shell, "kernel", None) is not None
+    return "widget" if has_kernel else "static"
 
 
-def show(view: LiveView, mode: ShowMode | None = None) -> None:
-    """Display `view` as a live widget or a static figure (mode None = `default_mode()`)."""
+def show(
+    view: LiveView, mode: ShowMode | None = None, *, include_plotlyjs: str | bool = "cdn"
+) -> None:
+    """Display `view` as a live widget or a static figure (mode None = `default_mode()`).
+
+    The static figure goes out as two representations: plotly's own mimetype, which JupyterLab
+    draws interactively, and self-contained HTML, which the HTML export of an executed notebook
+    shows.  `include_plotlyjs` is passed to `Figure.to_html`: "cdn" loads plotly.js from the web
+    when the page is viewed; True embeds it (about 4.5 MB per figure) for fully offline pages.
+    """
     mode = mode or default_mode()
     if mode not in ("widget", "static"):
         raise ValueError(f"mode must be 'widget', 'static' or None, got {mode!r}")
-    shown = view.widget() if mode == "widget" else view.figure()
     try:
         from IPython.display import display
     except ImportError:  # plain Python without IPython: only the figure can be shown
         if mode == "widget":
             raise RuntimeError("widgets need Jupyter (IPython is not installed); use mode='static'")
-        shown.show()  # plotly opens a browser tab
+        view.figure().show()  # plotly opens a browser tab
         return
-    display(shown)
+    if mode == "widget":
+        display(view.widget())
+    else:
+        display(static_bundle(view.figure(), include_plotlyjs), raw=True)
+
+
+def static_bundle(figure, include_plotlyjs: str | bool = "cdn") -> dict[str, object]:
+    """A display bundle for a figure that needs no widget frontend (see `show`)."""
+    import plotly.io as pio
+
+    bundle = dict(pio.renderers["plotly_mimetype"].to_mimebundle(figure.to_dict()))
+    bundle["text/html"] = figure.to_html(full_html=False, include_plotlyjs=include_plotlyjs)
+    title = figure.layout.title.text or "figure"
+    bundle["text/plain"] = f"<plotly figure: {title.split('<br>')[0]}>"
+    return bundle
 
 
 __all__ = [
@@ -70,4 +100,5 @@ __all__ = [
     "memory_waste",
     "request_memory",
     "show",
+    "static_bundle",
 ]

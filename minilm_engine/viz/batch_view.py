@@ -33,7 +33,10 @@ from .colors import (
 )
 from .live import LiveView
 
-PREFILL_PATTERN = dict(shape="/", fgcolor="white", fgopacity=0.8, size=6, solidity=0.35, fillmode="overlay")
+# Prefill cells: white diagonal stripes over the request's colour.
+PREFILL_PATTERN = dict(
+    shape="/", fgcolor="white", fgopacity=0.8, size=6, solidity=0.35, fillmode="overlay"
+)
 
 
 @dataclass
@@ -157,7 +160,8 @@ class BatchView(LiveView):
             rows=3, cols=1, shared_xaxes=True, row_heights=[0.62, 0.2, 0.18], vertical_spacing=0.04
         )
         for is_prefill in (True, False):  # traces 0 and 1: the cells
-            fig.add_trace(self._cell_trace([c for c in cells if c.is_prefill == is_prefill], is_prefill), 1, 1)
+            kind = [c for c in cells if c.is_prefill == is_prefill]
+            fig.add_trace(self._cell_trace(kind, is_prefill), 1, 1)
         for name, color, pattern in (  # traces 2 and 3: legend entries only
             ("prefill chunk", PREFILL_LEGEND_COLOR, PREFILL_PATTERN),
             ("decode", DECODE_LEGEND_COLOR, None),
@@ -170,8 +174,10 @@ class BatchView(LiveView):
         fig.add_trace(  # trace 4: preemptions
             go.Scatter(
                 x=[p.step for p in preemptions], y=[p.slot for p in preemptions], mode="markers",
-                name="preempted", marker=dict(symbol="x-thin", size=12, line=dict(width=3, color=OUTLINE_COLOR)),
-                hovertext=[f"request {p.request_id} preempted at step {p.step}" for p in preemptions],
+                name="preempted",
+                marker=dict(symbol="x-thin", size=12, line=dict(width=3, color=OUTLINE_COLOR)),
+                hovertext=[f"request {p.request_id} preempted at step {p.step}"
+                           for p in preemptions],
                 hovertemplate="%{hovertext}<extra></extra>",
             ),
             1, 1,
@@ -179,14 +185,16 @@ class BatchView(LiveView):
         steps = [r.step for r in records]
         prefill = [r.num_prefill_tokens for r in records]
         fig.add_trace(  # traces 5 and 6: tokens per step, decode stacked on prefill
-            go.Bar(x=steps, y=prefill, name="prefill chunk", legendgroup="prefill chunk", showlegend=False,
-                   marker=dict(color=PREFILL_LEGEND_COLOR, pattern=PREFILL_PATTERN), width=0.85,
+            go.Bar(x=steps, y=prefill, name="prefill chunk", legendgroup="prefill chunk",
+                   showlegend=False, width=0.85,
+                   marker=dict(color=PREFILL_LEGEND_COLOR, pattern=PREFILL_PATTERN),
                    hovertemplate="step %{x}: %{y} prefill tokens<extra></extra>"),
             2, 1,
         )
         fig.add_trace(
             go.Bar(x=steps, y=[r.num_decode_tokens for r in records], base=prefill, name="decode",
-                   legendgroup="decode", showlegend=False, marker=dict(color=DECODE_LEGEND_COLOR), width=0.85,
+                   legendgroup="decode", showlegend=False, width=0.85,
+                   marker=dict(color=DECODE_LEGEND_COLOR),
                    hovertemplate="step %{x}: %{y} decode tokens<extra></extra>"),
             2, 1,
         )
@@ -227,7 +235,7 @@ class BatchView(LiveView):
             showlegend=False,
             marker=dict(
                 color=[self.colors(c.request_id) for c in cells],
-                line=dict(width=0),
+                line=dict(width=0.5, color="white"),  # a hairline between steps
                 pattern=PREFILL_PATTERN if is_prefill else None,
             ),
             text=[c.request_id if c.starts_run else "" for c in cells],
@@ -243,10 +251,12 @@ class BatchView(LiveView):
             return "Continuous batching: no step yet (add requests, then Step or Run)"
         num_requests = len({c.request_id for c in cells})
         mean_seqs = sum(len(r.chunks) for r in records) / len(records)
-        mean_tokens = sum(r.num_prefill_tokens + r.num_decode_tokens for r in records) / len(records)
+        num_tokens = sum(r.num_prefill_tokens + r.num_decode_tokens for r in records)
+        mean_tokens = num_tokens / len(records)
         mean_ms = 1e3 * sum(r.duration_s for r in records) / len(records)
         return (
             f"Continuous batching: {len(records)} steps, {num_requests} requests"
-            f"<br><sub>per step: {mean_seqs:.1f} requests, {mean_tokens:.1f} tokens, {mean_ms:.1f} ms on average"
+            f"<br><sub>per step: {mean_seqs:.1f} requests, {mean_tokens:.1f} tokens,"
+            f" {mean_ms:.1f} ms on average"
             f" (steps {records[0].step}–{records[-1].step})</sub>"
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from collections.abc import Callable
 
 import ipywidgets as widgets
@@ -32,16 +33,22 @@ class EngineControls:
     """Step / Run-Pause / delay controls for one engine, and a one-line status.
 
     `on_update` is called after every step the controls run and when a run stops, so the views
-    can redraw.  `task` is the running asyncio task of Run (None when paused).
+    can redraw.  `task` is the asyncio task of the last Run (done once paused or finished).
+    Run needs a running event loop, which a Jupyter kernel has; elsewhere it says so and stays off.
     """
 
     def __init__(self, engine, on_update: Callable[[], None], delay_s: float = 0.05):
         self.engine = engine
         self.on_update = on_update
-        self.step_button = widgets.Button(description="Step", icon="step-forward", tooltip="one engine.step()")
-        self.run_button = widgets.ToggleButton(description="Run", icon="play", tooltip="step until every request is done")
+        self.step_button = widgets.Button(
+            description="Step", icon="step-forward", tooltip="one engine.step()"
+        )
+        self.run_button = widgets.ToggleButton(
+            description="Run", icon="play", tooltip="step until every request is done"
+        )
         self.delay_slider = widgets.FloatSlider(
-            value=delay_s, min=0.0, max=1.0, step=0.01, description="delay (s)", readout_format=".2f"
+            value=delay_s, min=0.0, max=1.0, step=0.01, description="delay (s)",
+            readout_format=".2f",
         )
         self.status = widgets.HTML()
         self.box = widgets.HBox([self.step_button, self.run_button, self.delay_slider, self.status])
@@ -76,12 +83,18 @@ class EngineControls:
     # -- Run / Pause ----------------------------------------------------------------------
 
     def _on_run_toggled(self, change: dict) -> None:
-        if change["new"]:
-            self.run_button.description, self.run_button.icon = "Pause", "pause"
-            if self.task is None or self.task.done():
-                self.task = _event_loop().create_task(self._run())
-        else:
+        if not change["new"]:
             self.run_button.description, self.run_button.icon = "Run", "play"
+            return
+        try:
+            loop = asyncio.get_running_loop()  # the kernel's loop, inside Jupyter
+        except RuntimeError:
+            self.run_button.value = False
+            self.refresh_status("Run needs a running asyncio event loop (a Jupyter kernel)")
+            return
+        self.run_button.description, self.run_button.icon = "Pause", "pause"
+        if self.task is None or self.task.done():
+            self.task = loop.create_task(self._run())
 
     async def _run(self) -> None:
         """Step until paused or done; each `await` lets the kernel handle clicks and redraws."""
@@ -126,6 +139,7 @@ class LiveView:
         self._last_redraw_cost = 0.0
         self._pending_flush: asyncio.TimerHandle | None = None
         self._stale = False  # a step ran since the last redraw
+        self.draw_error: str | None = None  # the last redraw's exception, if any
 
     def figure(self) -> go.Figure:
         raise NotImplementedError
@@ -168,7 +182,25 @@ class LiveView:
         self._last_redraw_end = time.perf_counter()
         self._last_redraw_cost = self._last_redraw_end - start
 
+    def close(self) -> None:
+        """Stop following the engine and close the live widgets."""
+        if self._listening:
+            self.engine.trace.callbacks.remove(self._on_step)
+            self._listening = False
+        if self._pending_flush is not None:
+            self._pending_flush.cancel()
+            self._pending_flush = None
+        for control in self.controls:
+            control.run_button.value = False
+            control.box.close()
+        for figure_widget in self.figure_widgets:
+            figure_widget.close()
+        self.figure_widgets.clear()
+        self.controls.clear()
+
     def _on_step(self, record: StepRecord) -> None:
+        """The engine's step callback: it runs inside `engine.step()`, so it must be cheap
+        and must never raise (a drawing bug must not stop generation)."""
         if not self.figure_widgets:
             return
         self._stale = True
@@ -176,10 +208,16 @@ class LiveView:
         # most ~20% of a fast engine's time; throttle_s=0 redraws after every step.
         wait = max(self.throttle_s, 4 * self._last_redraw_cost) if self.throttle_s > 0 else 0.0
         since_last = time.perf_counter() - self._last_redraw_end
-        if not self.engine.has_unfinished_requests() or since_last >= wait:
+        if self.engine.has_unfinished_requests() and since_last < wait:
+            self._schedule_flush(wait - since_last)
+            return
+        try:
             self.redraw()
-        else:
-            self._schedule_flush(wait)
+        except Exception as e:  # noqa: BLE001 - reported in the status line and as a warning
+            self.draw_error = f"{type(e).__name__}: {e}"
+            warnings.warn(f"{type(self).__name__} could not redraw: {self.draw_error}", stacklevel=2)
+            for control in self.controls:
+                control.refresh_status(self.draw_error)
 
     def _schedule_flush(self, delay: float) -> None:
         """Redraw once the kernel is idle again, so a throttled last step still shows."""
@@ -203,9 +241,3 @@ def _copy_figure(source: go.Figure, target: go.FigureWidget) -> None:
         layout.pop("template", None)  # the same every time, and the costliest part to validate
         target.layout.update(layout, overwrite=True)
 
-
-def _event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.get_event_loop_policy().get_event_loop()

@@ -69,7 +69,9 @@ class MemoryWaste:
 
     @property
     def contiguous_fraction(self) -> float:
-        return self.num_contiguous_empty / self.num_contiguous_slots if self.num_contiguous_slots else 0.0
+        if not self.num_contiguous_slots:
+            return 0.0
+        return self.num_contiguous_empty / self.num_contiguous_slots
 
 
 @dataclass
@@ -167,7 +169,9 @@ class MemoryView(LiveView):
         num_blocks = engine.block_pool.num_blocks
         self.num_columns = num_columns or (16 if num_blocks <= 256 else 32)
         if self.num_columns < 1 or max_blocks < 1:
-            raise ValueError(f"num_columns and max_blocks must be >= 1, got {num_columns}, {max_blocks}")
+            raise ValueError(
+                f"num_columns and max_blocks must be >= 1, got {num_columns} and {max_blocks}"
+            )
         self.reserve = reserve
         self.max_blocks = max_blocks
         self.colors = colors or RequestColors()
@@ -177,55 +181,39 @@ class MemoryView(LiveView):
         self.colors.observe(engine.trace.records)
         cells = block_cells(engine)[: self.max_blocks]
         rows = request_memory(engine, self.reserve)
-        waste = memory_waste(engine, self.reserve)
         num_grid_rows = -(-len(cells) // self.num_columns)
-
         fig = make_subplots(
             rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
-            subplot_titles=(self._pool_title(cells), f"contiguous: each request reserves {RESERVE_LABELS[self.reserve]}"),
+            subplot_titles=(
+                self._pool_title(cells),
+                f"contiguous: each request reserves {RESERVE_LABELS[self.reserve]}",
+            ),
         )
-        fig.add_trace(self._grid_trace(cells, num_grid_rows), 1, 1)  # trace 0
-        for name, color, symbol, line in (  # traces 1-3: legend entries of the grid
-            ("free", FREE_COLOR, "square", None),
-            ("cached (free, reusable prefix)", CACHED_FREE_COLOR, "square", dict(color="#BBB", width=1)),
-            ("×n = shared by n requests", "rgba(0,0,0,0)", "square", dict(color=OUTLINE_COLOR, width=2)),
-        ):
-            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
-                                     marker=dict(symbol=symbol, size=13, color=color, line=line)), 1, 1)
-        ids = [r.request_id for r in rows]
-        colors = [self.colors(rid) for rid in ids]
-        fig.add_trace(go.Bar(  # trace 4: contiguous reservation
-            y=ids, x=[r.num_reserved_slots for r in rows], orientation="h", width=0.8, showlegend=False,
-            name="reserved (contiguous)", marker=dict(color=[lighten(c, 0.75) for c in colors], line=dict(color=colors, width=1)),
-            hovertext=[f"request {r.request_id}: {r.num_reserved_slots} slots reserved, {r.num_reserved_slots - r.num_tokens} empty"
-                       for r in rows], hovertemplate="%{hovertext}<extra></extra>"), 1, 2)
-        fig.add_trace(go.Bar(  # trace 5: tokens in the cache
-            y=ids, x=[r.num_tokens for r in rows], orientation="h", width=0.8, showlegend=False,
-            name="used", marker=dict(color=colors),
-            hovertext=[f"request {r.request_id}: {r.num_tokens} tokens in the KV cache" for r in rows],
-            hovertemplate="%{hovertext}<extra></extra>"), 1, 2)
-        fig.add_trace(go.Bar(  # trace 6: what its paged block table holds
-            y=ids, x=[r.num_paged_slots for r in rows], orientation="h", width=0.3, showlegend=False,
-            name="paged", marker=dict(color="rgba(0,0,0,0)", line=dict(color=OUTLINE_COLOR, width=1.5)),
-            hovertext=[f"request {r.request_id}: {r.num_paged_slots // engine.block_manager.block_size} blocks = "
-                       f"{r.num_paged_slots} slots" for r in rows], hovertemplate="%{hovertext}<extra></extra>"), 1, 2)
-        for name, color, line in (  # traces 7-9: legend entries of the bars
-            ("reserved (contiguous)", "#E4E4E4", dict(color="#999", width=1)),
-            ("tokens in the cache", "#7F7F7F", None),
-            ("its paged blocks", "rgba(0,0,0,0)", dict(color=OUTLINE_COLOR, width=1.5)),
-        ):
-            fig.add_trace(go.Bar(x=[None], y=[None], orientation="h", name=name, marker=dict(color=color, line=line)), 1, 2)
-
+        self._add_grid(fig, cells, num_grid_rows)  # traces 0-3
+        self._add_contiguous(fig, rows)  # traces 4-9
         fig.update_layout(
-            title=dict(text=_waste_title(waste, len(rows)), x=0.01, font=dict(size=14)),
+            title=dict(text=_waste_title(memory_waste(engine, self.reserve), len(rows)), x=0.01),
+            title_font_size=14,
             barmode="overlay",
             height=200 + max(26 * num_grid_rows, 28 * len(rows), 160),
             margin=dict(l=50, r=20, t=100, b=40),
             legend=dict(orientation="h", yanchor="top", y=-0.08, xanchor="left", x=0.0),
             plot_bgcolor="white",
             shapes=self._shared_outlines(cells),
-            uirevision="memory-view",
+            uirevision="memory-view",  # keep the user's zoom across live redraws
         )
+        return fig
+
+    def _add_grid(self, fig: go.Figure, cells: list[BlockCell], num_grid_rows: int) -> None:
+        fig.add_trace(self._grid_trace(cells, num_grid_rows), 1, 1)
+        for name, color, line in (  # legend entries only
+            ("free", FREE_COLOR, None),
+            ("cached (free, reusable prefix)", CACHED_FREE_COLOR, dict(color="#BBB", width=1)),
+            ("×n = shared by n requests", "rgba(0,0,0,0)", dict(color=OUTLINE_COLOR, width=2)),
+        ):
+            marker = dict(symbol="square", size=13, color=color, line=line)
+            legend_entry = go.Scatter(x=[None], y=[None], mode="markers", name=name, marker=marker)
+            fig.add_trace(legend_entry, 1, 1)
         fig.update_xaxes(visible=False, range=[-0.5, self.num_columns - 0.5], row=1, col=1)
         fig.update_yaxes(
             autorange="reversed", scaleanchor="x", scaleratio=1, showgrid=False, zeroline=False,
@@ -233,9 +221,43 @@ class MemoryView(LiveView):
             ticktext=[str(r * self.num_columns) for r in range(num_grid_rows)],
             title_text="first block id", row=1, col=1,
         )
-        fig.update_xaxes(title_text="token slots", rangemode="tozero", gridcolor="#EEE", row=1, col=2)
+
+    def _add_contiguous(self, fig: go.Figure, rows: list[RequestMemory]) -> None:
+        """Per request, overlaid: reserved slots (pale), tokens in the cache (solid), and the
+        slots of its paged block table (a thin outline) for comparison."""
+        ids = [r.request_id for r in rows]
+        colors = [self.colors(rid) for rid in ids]
+        block_size = self.engine.block_manager.block_size
+        bars = (
+            ("reserved (contiguous)", [r.num_reserved_slots for r in rows], 0.8,
+             dict(color=[lighten(c, 0.75) for c in colors], line=dict(color=colors, width=1)),
+             [f"{r.num_reserved_slots} slots reserved, {r.num_reserved_slots - r.num_tokens} empty"
+              for r in rows]),
+            ("tokens in the cache", [r.num_tokens for r in rows], 0.8, dict(color=colors),
+             [f"{r.num_tokens} tokens in the KV cache" for r in rows]),
+            ("its paged blocks", [r.num_paged_slots for r in rows], 0.3,
+             dict(color="rgba(0,0,0,0)", line=dict(color=OUTLINE_COLOR, width=1.5)),
+             [f"{r.num_paged_slots // block_size} blocks = {r.num_paged_slots} slots"
+              for r in rows]),
+        )
+        for name, lengths, width, marker, hover in bars:
+            fig.add_trace(go.Bar(
+                y=ids, x=lengths, orientation="h", width=width, name=name, showlegend=False,
+                marker=marker, hovertext=[f"request {rid}: {h}" for rid, h in zip(ids, hover)],
+                hovertemplate="%{hovertext}<extra></extra>",
+            ), 1, 2)
+        for name, color, line in (  # legend entries only, in neutral colours
+            ("reserved (contiguous)", "#E4E4E4", dict(color="#999", width=1)),
+            ("tokens in the cache", "#7F7F7F", None),
+            ("its paged blocks", "rgba(0,0,0,0)", dict(color=OUTLINE_COLOR, width=1.5)),
+        ):
+            marker = dict(color=color, line=line)
+            legend_entry = go.Bar(x=[None], y=[None], orientation="h", name=name, marker=marker)
+            fig.add_trace(legend_entry, 1, 2)
+        fig.update_xaxes(
+            title_text="token slots", rangemode="tozero", gridcolor="#EEE", row=1, col=2
+        )
         fig.update_yaxes(autorange="reversed", type="category", row=1, col=2)
-        return fig
 
     # -- the grid ---------------------------------------------------------------------------
 
@@ -275,7 +297,8 @@ class MemoryView(LiveView):
 
     def _cell_hover(self, cell: BlockCell) -> str:
         size = self.engine.block_manager.block_size
-        lines = [f"<b>block {cell.block_id}</b>: {cell.state.replace('_', '-')}, ref_cnt {cell.ref_cnt}"]
+        state = cell.state.replace("_", "-")
+        lines = [f"<b>block {cell.block_id}</b>: {state}, ref_cnt {cell.ref_cnt}"]
         if cell.owners:
             holders = ", ".join(
                 f"{rid} (tokens {i * size}–{(i + 1) * size - 1})" for rid, i in cell.owners
@@ -294,7 +317,8 @@ class MemoryView(LiveView):
                 row, col = divmod(cell.block_id, self.num_columns)
                 shapes.append(dict(
                     type="rect", xref="x", yref="y", x0=col - 0.45, x1=col + 0.45, y0=row - 0.45,
-                    y1=row + 0.45, line=dict(color=OUTLINE_COLOR, width=2), fillcolor="rgba(0,0,0,0)",
+                    y1=row + 0.45, line=dict(color=OUTLINE_COLOR, width=2),
+                    fillcolor="rgba(0,0,0,0)",
                 ))
         return shapes
 
@@ -304,7 +328,8 @@ class MemoryView(LiveView):
         shown = "" if len(cells) == pool.num_blocks else f" (first {len(cells)} shown)"
         return (
             f"paged pool: {states.count('used')} used · {states.count('cached_free')} cached · "
-            f"{states.count('free')} free of {pool.num_blocks} blocks × {self.engine.block_manager.block_size} tokens{shown}"
+            f"{states.count('free')} free of {pool.num_blocks} blocks"
+            f" × {self.engine.block_manager.block_size} tokens{shown}"
         )
 
 
@@ -314,7 +339,8 @@ def _waste_title(waste: MemoryWaste, num_requests: int) -> str:
     shared = waste.num_blocks_saved_by_sharing
     text = (
         f"KV memory of {num_requests} running request{'s' if num_requests != 1 else ''}: "
-        f"paged {waste.paged_fraction:.1%} wasted, contiguous {waste.contiguous_fraction:.1%} wasted"
+        f"paged {waste.paged_fraction:.1%} wasted,"
+        f" contiguous {waste.contiguous_fraction:.1%} wasted"
         f"<br><sub>paged: {waste.num_paged_empty} of {waste.num_paged_slots} slots empty"
         f" · contiguous: {waste.num_contiguous_empty} of {waste.num_contiguous_slots} slots empty"
     )
