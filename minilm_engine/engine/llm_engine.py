@@ -124,7 +124,11 @@ class LLMEngine:
         return len(self.scheduler.waiting) + len(self.scheduler.running)
 
     def add_step_callback(self, callback: StepCallback) -> None:
+        """Call `callback(record)` after every step (widgets follow the engine this way)."""
         self.trace.callbacks.append(callback)
+
+    def remove_step_callback(self, callback: StepCallback) -> None:
+        self.trace.callbacks.remove(callback)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -168,9 +172,10 @@ class LLMEngine:
 
     def _record(self, start, chunks, preempted, finished) -> None:
         pool = self.block_pool
+        self.num_steps += 1
         self.trace.append(
             StepRecord(
-                step=self.num_steps,
+                step=self.num_steps - 1,
                 start_time=start,
                 duration_s=time.perf_counter() - start,
                 chunks=chunks,
@@ -188,4 +193,3 @@ class LLMEngine:
                 },
             )
         )
-        self.num_steps += 1

@@ -185,7 +185,7 @@ class LiveView:
     def close(self) -> None:
         """Stop following the engine and close the live widgets."""
         if self._listening:
-            self.engine.trace.callbacks.remove(self._on_step)
+            self.engine.remove_step_callback(self._on_step)
             self._listening = False
         if self._pending_flush is not None:
             self._pending_flush.cancel()
