@@ -310,6 +310,13 @@ def save(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, folder: Pa
     # transformers 5 always writes safetensors (the old safe_serialization flag is gone).
     model.to(torch.float16).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    # transformers 5 writes its own class name ("TokenizersBackend"); the older, still common
+    # name loads in transformers 4 (Colab) and 5 alike.
+    tok_config_file = folder / "tokenizer_config.json"
+    tok_config = json.loads(tok_config_file.read_text())
+    tok_config.pop("backend", None)
+    tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tok_config_file.write_text(json.dumps(tok_config, indent=2) + "\n")
     (folder / "README.md").write_text(card)
     return (folder / "model.safetensors").stat().st_size
 

@@ -1,0 +1,246 @@
+"""Tests for minilm_engine.kv_cache.paged: paged attention equals dense causal attention.
+
+The paged reference must give exactly what plain attention gives on contiguous tensors, whatever
+the blocks look like.  Each random case draws:
+
+    sequences    1 to 5, each with its own context length L (1 to 40 tokens)
+    queries      T of the L tokens are new this step: T = 1 (decode), T = L (a whole prompt),
+                 or 1 < T < L (a chunk after a cached prefix)
+    blocks       block_size 1, 3, 4 or 16 (so contexts end mid-block and on boundaries);
+                 block ids shuffled across the pool, so tables are neither sorted nor contiguous
+    heads        H_kv in {1, 2}, H = H_kv * ratio with ratio (GQA) 1, 2 or 4
+
+The cached prefix is written in one earlier "step", the new tokens in this one, as the engine
+does.  Every slot nobody writes holds NaN: reading one would poison the output.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minilm_engine.attention import attention
+from minilm_engine.kv_cache.paged import (
+    PagedAttentionMetadata,
+    paged_attention_reference,
+    write_kv_reference,
+)
+
+BLOCK_SIZES = [1, 3, 4, 16]
+GQA_RATIOS = [1, 2, 4]
+
+
+@dataclass
+class PagedSeq:
+    """One sequence of a paged step: its dense K/V, queries and block table."""
+
+    keys: torch.Tensor  # (L, H_kv, D)
+    values: torch.Tensor  # (L, H_kv, D)
+    queries: torch.Tensor  # (T, H, D), the last T tokens
+    block_table: list[int]
+
+    @property
+    def context_len(self) -> int:
+        return self.keys.shape[0]
+
+    @property
+    def num_queries(self) -> int:
+        return self.queries.shape[0]
+
+
+def slots(block_table: list[int], block_size: int, start: int, end: int) -> list[int]:
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def random_case(rng: random.Random, ratio: int, block_size: int, dtype=torch.float32):
+    """Random sequences, a NaN-filled cache with a shuffled block layout."""
+    num_kv_heads, head_dim = rng.choice([1, 2]), rng.choice([4, 8])
+    num_heads = num_kv_heads * ratio
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    shapes = []
+    for _ in range(rng.randint(1, 5)):
+        context_len = rng.randint(1, 40)
+        kind = rng.choice(["decode", "prompt", "chunk"])
+        num_queries = {"decode": 1, "prompt": context_len, "chunk": rng.randint(1, context_len)}[kind]
+        shapes.append((context_len, num_queries))
+    blocks_needed = [-(-length // block_size) for length, _ in shapes]
+    num_blocks = sum(blocks_needed) + rng.randint(0, 3)  # some blocks nobody uses
+    ids = list(range(num_blocks))
+    rng.shuffle(ids)
+    seqs = []
+    for (context_len, num_queries), n in zip(shapes, blocks_needed):
+        table, ids = ids[:n], ids[n:]
+        seqs.append(
+            PagedSeq(
+                keys=torch.randn(context_len, num_kv_heads, head_dim, generator=gen, dtype=dtype),
+                values=torch.randn(context_len, num_kv_heads, head_dim, generator=gen, dtype=dtype),
+                queries=torch.randn(num_queries, num_heads, head_dim, generator=gen, dtype=dtype),
+                block_table=table,
+            )
+        )
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    return seqs, k_cache, v_cache
+
+
+def write_prefix(seqs: list[PagedSeq], k_cache, v_cache, rng: random.Random) -> None:
+    """An earlier step: every cached (not new) token of every sequence, in shuffled order."""
+    block_size = k_cache.shape[1]
+    rows = [
+        (seq.keys[p], seq.values[p], slots(seq.block_table, block_size, p, p + 1)[0])
+        for seq in seqs
+        for p in range(seq.context_len - seq.num_queries)
+    ]
+    if not rows:
+        return
+    rng.shuffle(rows)
+    k, v, slot = zip(*rows)
+    write_kv_reference(k_cache, v_cache, torch.stack(k), torch.stack(v), torch.tensor(slot))
+
+
+def this_step(seqs: list[PagedSeq], block_size: int):
+    """Flattened q/k/v of the new tokens and their metadata, the way ModelRunner builds them."""
+    q = torch.cat([s.queries for s in seqs])  # (N, H, D)
+    k = torch.cat([s.keys[s.context_len - s.num_queries :] for s in seqs])  # (N, H_kv, D)
+    v = torch.cat([s.values[s.context_len - s.num_queries :] for s in seqs])
+    slot_mapping = [
+        slot
+        for s in seqs
+        for slot in slots(s.block_table, block_size, s.context_len - s.num_queries, s.context_len)
+    ]
+    query_start_loc = [0]
+    for s in seqs:
+        query_start_loc.append(query_start_loc[-1] + s.num_queries)
+    width = max(len(s.block_table) for s in seqs)
+    meta = PagedAttentionMetadata(
+        slot_mapping=torch.tensor(slot_mapping),
+        query_start_loc=torch.tensor(query_start_loc),
+        context_lens=torch.tensor([s.context_len for s in seqs]),
+        block_tables=torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs]),
+    )
+    return q, k, v, meta
+
+
+def dense_causal(seq: PagedSeq) -> torch.Tensor:
+    """Plain attention on contiguous K/V: query i (at position L - T + i) sees keys 0..itself."""
+    context_len, num_queries = seq.context_len, seq.num_queries
+    query_pos = torch.arange(context_len - num_queries, context_len)
+    mask = torch.arange(context_len)[None, :] <= query_pos[:, None]  # (T, L)
+    out = attention(
+        seq.queries.transpose(0, 1)[None],  # (1, H, T, D)
+        seq.keys.transpose(0, 1)[None],  # (1, H_kv, L, D)
+        seq.values.transpose(0, 1)[None],
+        mask[None],
+    )
+    return out[0].transpose(0, 1)  # (T, H, D)
+
+
+# ---------------------------------------------------------------------- the dense reference itself
+@pytest.mark.parametrize("ratio", GQA_RATIOS)
+def test_dense_reference_matches_torch_sdpa(ratio):
+    # The yardstick below is `attention`; make sure it is causal attention as torch computes it.
+    gen = torch.Generator().manual_seed(ratio)
+    q = torch.randn(2, 2 * ratio, 7, 8, generator=gen)
+    k, v = torch.randn(2, 2, 2, 7, 8, generator=gen)
+    mask = torch.ones(7, 7, dtype=torch.bool).tril()[None].expand(2, 7, 7)
+    expected = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(ratio, 1), v.repeat_interleave(ratio, 1), is_causal=True
+    )
+    torch.testing.assert_close(attention(q, k, v, mask), expected)
+
+
+# ---------------------------------------------------------------------- write_kv_reference
+@pytest.mark.parametrize("seed", range(10))
+def test_write_kv_puts_each_token_in_its_slot(seed):
+    rng = random.Random(seed)
+    block_size = rng.choice(BLOCK_SIZES)
+    seqs, k_cache, v_cache = random_case(rng, ratio=1, block_size=block_size)
+    write_prefix(seqs, k_cache, v_cache, rng)
+    _, k, v, meta = this_step(seqs, block_size)
+    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    written = torch.zeros(k_cache.shape[:2], dtype=torch.bool)
+    for s in seqs:
+        for p in range(s.context_len):
+            block, offset = s.block_table[p // block_size], p % block_size
+            torch.testing.assert_close(k_cache[block, offset], s.keys[p], rtol=0, atol=0)
+            torch.testing.assert_close(v_cache[block, offset], s.values[p], rtol=0, atol=0)
+            written[block, offset] = True
+    # Nothing else was touched: every other slot still holds NaN.
+    assert torch.isnan(k_cache[~written]).all() and torch.isnan(v_cache[~written]).all()
+    assert not torch.isnan(k_cache[written]).any()
+
+
+# ---------------------------------------------------------------------- paged == dense
+@pytest.mark.parametrize("ratio", GQA_RATIOS)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("seed", range(6))
+def test_paged_attention_matches_dense(seed, block_size, ratio):
+    rng = random.Random(seed * 1000 + block_size * 10 + ratio)
+    seqs, k_cache, v_cache = random_case(rng, ratio, block_size)
+    write_prefix(seqs, k_cache, v_cache, rng)
+    q, k, v, meta = this_step(seqs, block_size)
+    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = paged_attention_reference(q, k_cache, v_cache, meta)
+    assert out.shape == q.shape
+    expected = torch.cat([dense_causal(s) for s in seqs])
+    torch.testing.assert_close(out, expected)
+
+
+def test_decode_chunk_and_prompt_side_by_side():
+    # The picture in the module docstring of paged.py: A a whole prompt, B one decode token
+    # after 7 cached ones, C a chunk of 2 after 4 cached ones, tables deliberately out of order.
+    gen = torch.Generator().manual_seed(0)
+    block_size, num_kv_heads, head_dim = 4, 2, 8
+
+    def seq(context_len, num_queries, table):
+        return PagedSeq(
+            keys=torch.randn(context_len, num_kv_heads, head_dim, generator=gen),
+            values=torch.randn(context_len, num_kv_heads, head_dim, generator=gen),
+            queries=torch.randn(num_queries, 2 * num_kv_heads, head_dim, generator=gen),
+            block_table=table,
+        )
+
+    seqs = [seq(4, 4, [3]), seq(8, 1, [5, 1]), seq(6, 2, [2, 0])]
+    shape = (6, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.full(shape, float("nan")), torch.full(shape, float("nan"))
+    write_prefix(seqs, k_cache, v_cache, random.Random(0))
+    q, k, v, meta = this_step(seqs, block_size)
+    assert meta.query_start_loc.tolist() == [0, 4, 5, 7]
+    assert meta.slot_mapping.tolist() == [12, 13, 14, 15, 7, 0, 1]
+    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = paged_attention_reference(q, k_cache, v_cache, meta)
+    torch.testing.assert_close(out, torch.cat([dense_causal(s) for s in seqs]))
+    # Each sequence alone gives the same rows: sequences of one step never see each other.
+    for i, s in enumerate(seqs):
+        q1, k1, v1, meta1 = this_step([s], block_size)
+        rows = slice(meta.query_start_loc[i].item(), meta.query_start_loc[i + 1].item())
+        torch.testing.assert_close(paged_attention_reference(q1, k_cache, v_cache, meta1), out[rows])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chunked_prefill_equals_whole_prompt(seed):
+    # Writing a prompt chunk by chunk (each chunk attending to the chunks cached before it)
+    # gives the same outputs as one whole-prompt step.
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    block_size, context_len, num_kv_heads, head_dim = rng.choice(BLOCK_SIZES), rng.randint(2, 40), 2, 8
+    num_blocks = -(-context_len // block_size) + 2
+    table = rng.sample(range(num_blocks), num_blocks - 2)  # shuffled, two blocks left unused
+    keys, values = torch.randn(2, context_len, num_kv_heads, head_dim, generator=gen)
+    queries = torch.randn(context_len, 2 * num_kv_heads, head_dim, generator=gen)
+    whole = dense_causal(PagedSeq(keys, values, queries, table))
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.full(shape, float("nan")), torch.full(shape, float("nan"))
+    cuts = sorted(rng.sample(range(1, context_len), min(3, context_len - 1)))
+    pieces = []
+    for start, end in zip([0] + cuts, cuts + [context_len]):
+        part = PagedSeq(keys[:end], values[:end], queries[start:end], table)
+        q, k, v, meta = this_step([part], block_size)
+        write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+        pieces.append(paged_attention_reference(q, k_cache, v_cache, meta))
+    torch.testing.assert_close(torch.cat(pieces), whole)
