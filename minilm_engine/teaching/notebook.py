@@ -1,0 +1,68 @@
+"""The setup every chapter runs first, and `show_source` for reading the package in place.
+
+Contract: `setup()` picks the device (CUDA when present), the model (the shipped noodle-chef on a
+CPU or offline; a real Hugging Face model on a GPU when it can be downloaded; `MINILM_MODEL`
+overrides both) and the size of the experiments (`MINILM_SMOKE=1`, as CI sets it, shrinks
+them), prints what it chose, and returns it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+
+from ..device import resolve_device, resolve_dtype
+
+GPU_MODEL = "Qwen/Qwen3-0.6B"
+
+
+@dataclass
+class NotebookSetup:
+    device: str
+    dtype: str
+    model: str | None  # None = the shipped default (noodle-chef)
+    smoke: bool  # small experiment sizes (CI)
+
+    def size(self, full: int, smoke: int) -> int:
+        """Pick an experiment size: `smoke` under MINILM_SMOKE=1, else `full`."""
+        return smoke if self.smoke else full
+
+
+def setup(gpu_model: str = GPU_MODEL, verbose: bool = True) -> NotebookSetup:
+    smoke = os.environ.get("MINILM_SMOKE", "0") == "1"
+    device = resolve_device(os.environ.get("MINILM_DEVICE") or None)
+    dtype = resolve_dtype("auto", device)
+    model = os.environ.get("MINILM_MODEL") or None
+    if model is None and device.type == "cuda":
+        model = _hub_model_if_reachable(gpu_model)
+    chosen = NotebookSetup(str(device), str(dtype).removeprefix("torch."), model, smoke)
+    if verbose:
+        print(
+            f"device: {chosen.device}  dtype: {chosen.dtype}  "
+            f"model: {chosen.model or 'noodle-chef (shipped)'}  smoke: {chosen.smoke}"
+        )
+    return chosen
+
+
+def _hub_model_if_reachable(repo_id: str) -> str | None:
+    from ..models.loader import CheckpointError, resolve_model_path
+
+    try:
+        resolve_model_path(repo_id)
+        return repo_id
+    except CheckpointError as e:
+        print(f"({repo_id} not available: {e}; using the shipped model)")
+        return None
+
+
+def show_source(obj, lines: tuple[int, int] | None = None):
+    """Display the source of a package function or class, as the package has it."""
+    from IPython.display import Code
+
+    source = inspect.getsource(obj)
+    if lines is not None:
+        source = "\n".join(source.splitlines()[lines[0] : lines[1]])
+    module = inspect.getmodule(obj)
+    header = f"# {module.__name__}.{getattr(obj, '__qualname__', '')}\n" if module else ""
+    return Code(header + source, language="python")
