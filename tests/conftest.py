@@ -19,14 +19,21 @@ hide a missing bias or norm).
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (
+
+# Without a GPU the Triton kernels are tested in Triton's CPU interpreter, which must be switched
+# on before anything imports triton (transformers does, through torch._dynamo): here, first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,

@@ -455,3 +455,29 @@ def test_sampling_with_seeds_equals_kv_cache(checkpoints, tokenizer, words, seed
     # and sampling did sample: greedy would give something else somewhere
     greedy = [SamplingParams(temperature=0, max_tokens=p.max_tokens) for p in params]
     assert got != [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+
+
+def test_generate_with_a_request_too_big_for_the_pool_leaks_nothing(checkpoints):
+    llm = make_llm(checkpoints["llama"].path, num_kv_blocks=8)  # 32 tokens of KV
+    small = SamplingParams(temperature=0, max_tokens=4)
+    prompts = ["Hello", {"prompt_token_ids": [5] * 20}, "A bowl"]
+    params = [small, SamplingParams(temperature=0, max_tokens=20), small]
+    with pytest.raises(ValueError, match="whole pool has 8 blocks"):
+        llm.generate(prompts, params, use_tqdm=False)
+    engine = llm.engine
+    # The requests already queued were aborted, not left behind holding blocks.
+    assert not engine.has_unfinished_requests() and not engine.requests
+    assert engine.block_pool.num_used_blocks == 0
+    outputs = llm.generate([prompts[0], prompts[2]], small, use_tqdm=False)
+    assert all(o.finished for o in outputs)
+    assert engine.block_pool.num_used_blocks == 0
+
+
+def test_stream_closed_early_frees_its_blocks(checkpoints):
+    llm = make_llm(checkpoints["qwen3"].path)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    stream = llm.stream("The Golden Bowl is open every day", params)
+    next(stream)
+    assert llm.engine.block_pool.num_used_blocks > 0
+    stream.close()
+    assert not llm.engine.has_unfinished_requests() and llm.engine.block_pool.num_used_blocks == 0

@@ -98,12 +98,14 @@ def test_running_requests_are_scheduled_before_waiting_ones():
     run_step(scheduler)  # a's prompt; a now decodes one token per step
     b = make_request("b", range(10, 20))
     scheduler.add_request(b)
-    out = run_step(scheduler)
+    out = scheduler.schedule()
     # a's decode token is taken from the budget first; b gets what is left, as a chunk.
     assert [s.request for s in out.scheduled] == [a, b]
     assert num_new(out) == {"a": 1, "b": 4}
+    # (is_prefill reads the request's progress: ask before update_from_output, as the engine does)
     assert [s.is_prefill for s in out.scheduled] == [False, True]
     assert (out.num_decode_tokens, out.num_prefill_tokens) == (1, 4)
+    assert [s.completes_sequence for s in out.scheduled] == [True, False]
 
 
 def test_chunked_prefill_splits_a_long_prompt_across_steps():

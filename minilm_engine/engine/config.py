@@ -20,6 +20,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # on a GPU, share of memory the engine may fill
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    attention_backend: str = "auto"  # "torch" (reference), "triton" (kernels), "auto": triton on CUDA
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -39,3 +40,7 @@ class EngineConfig:
         for name in ("enable_prefix_caching", "enable_chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(
+                f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}"
+            )

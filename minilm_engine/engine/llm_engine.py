@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from ..attention.backends import get_attention_backend
 from ..inputs import InputProcessor, PromptType
 from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool
@@ -77,7 +78,11 @@ class LLMEngine:
         )
         self.cache = PagedKVCache(model.config, num_blocks, self.config.block_size, model.dtype, model.device)
         self.scheduler = Scheduler(self.config, self.block_manager)
-        self.runner = ModelRunner(model, self.cache, self.block_manager)
+        # Resolved once: "auto" becomes "triton" on a CUDA GPU with Triton, "torch" otherwise.
+        self.attention_backend = get_attention_backend(
+            self.config.attention_backend, model.device, model.dtype
+        )
+        self.runner = ModelRunner(model, self.cache, self.block_manager, self.attention_backend)
         self.requests: dict[str, Request] = {}
         self.trace = StepTrace()
         self.num_steps = 0
@@ -191,5 +196,6 @@ class LLMEngine:
                     r.request_id: self.block_manager.get_block_table(r.request_id)
                     for r in self.scheduler.running
                 },
+                tokens_in_cache={r.request_id: r.num_computed_tokens for r in self.scheduler.running},
             )
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..attention.backends import AttentionBackend
 from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
 from ..models import CausalLM
@@ -22,10 +23,17 @@ from .scheduler import ScheduledRequest
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, cache: PagedKVCache, block_manager: BlockManager):
+    def __init__(
+        self,
+        model: CausalLM,
+        cache: PagedKVCache,
+        block_manager: BlockManager,
+        attention_backend: AttentionBackend | None = None,  # None: the torch reference
+    ):
         self.model = model
         self.cache = cache
         self.block_manager = block_manager
+        self.attention_backend = attention_backend
 
     def prepare(self, scheduled: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
         """Build (input_ids (N,), positions (N,), metadata) for the flattened step."""
@@ -61,7 +69,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> list[int | None]:
         input_ids, positions, meta = self.prepare(scheduled)
-        hidden = self.model(input_ids[None], positions[None], PagedAttention(self.cache, meta))[0]  # (N, hidden)
+        attn = PagedAttention(self.cache, meta, self.attention_backend)
+        hidden = self.model(input_ids[None], positions[None], attn)[0]  # (N, hidden)
         # Only sequences whose every known token is now computed get a next token.
         sampling = [i for i, s in enumerate(scheduled) if s.completes_sequence]
         results: list[int | None] = [None] * len(scheduled)

@@ -36,7 +36,8 @@ class StepRecord:
     num_blocks: int
     num_used_blocks: int
     num_cached_blocks: int  # free but still holding a reusable prefix
-    block_tables: dict[str, list[int]] = field(default_factory=dict)
+    block_tables: dict[str, list[int]] = field(default_factory=dict)  # running requests
+    tokens_in_cache: dict[str, int] = field(default_factory=dict)  # their computed tokens
 
     @property
     def num_prefill_tokens(self) -> int:

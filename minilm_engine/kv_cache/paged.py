@@ -18,11 +18,15 @@ attends over its own blocks.  All sequences of a step are flattened into one row
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..attention import attention
 from ..models.config import ModelConfig
+
+if TYPE_CHECKING:  # backends.py imports this module, so only type checkers import it back
+    from ..attention.backends import AttentionBackend
 
 
 class PagedKVCache:
@@ -111,14 +115,22 @@ def paged_attention_reference(
 
 
 class PagedAttention:
-    """`AttentionContext` for one engine step over a `PagedKVCache` (torch reference backend)."""
+    """`AttentionContext` for one engine step over a `PagedKVCache`.
 
-    def __init__(self, cache: PagedKVCache, meta: PagedAttentionMetadata):
+    `backend` (from `attention.backends.get_attention_backend`) does the writing and the
+    attending; None means the torch reference functions above.
+    """
+
+    def __init__(
+        self, cache: PagedKVCache, meta: PagedAttentionMetadata, backend: AttentionBackend | None = None
+    ):
         self.cache = cache
         self.meta = meta
+        self.write_kv = backend.write_kv if backend is not None else write_kv_reference
+        self.paged_attention = backend.attend if backend is not None else paged_attention_reference
 
     def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
         # The model gives (1, N, ., D): one flattened row holding every sequence's new tokens.
         k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
-        write_kv_reference(k_cache, v_cache, k[0], v[0], self.meta.slot_mapping)
-        return paged_attention_reference(q[0], k_cache, v_cache, self.meta)[None]
+        self.write_kv(k_cache, v_cache, k[0], v[0], self.meta.slot_mapping)
+        return self.paged_attention(q[0], k_cache, v_cache, self.meta)[None]

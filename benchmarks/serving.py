@@ -1,0 +1,175 @@
+"""The serving core, measured: five ratios from one run on the shipped model.
+
+Each line runs two configurations side by side in this process (alternating, best of
+`--repeats`, because a shared machine is noisy) and prints their ratio:
+
+1. throughput: continuous batching vs static batching on a mixed-length workload
+2. throughput: the continuous engine vs `transformers.generate` with padded static batches
+3. capacity: requests that fit one KV budget, paged vs contiguous max-length reservation
+4. TTFT with a long shared system prompt, prefix caching on vs off
+5. worst decode stall when a long prompt arrives, chunked prefill vs not
+
+    python benchmarks/serving.py            # about 3-5 minutes on a laptop CPU
+    python benchmarks/serving.py --quick    # smaller workloads, a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+
+from minilm_engine import LLM, SamplingParams
+from minilm_engine.data.noodle_corpus import SYSTEM_PROMPT, generate_documents, sample_prompts
+from minilm_engine.experiments.workloads import mixed_workload
+
+
+def best_of(repeats: int, fn) -> float:
+    return min(fn() for _ in range(repeats))
+
+
+def timed_generate(llm: LLM, prompts, params) -> tuple[float, int]:
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outs)
+
+
+# 1 + 2 ---------------------------------------------------------------------------------------
+
+def throughput(args) -> None:
+    prompts, params = mixed_workload(args.num_requests, seed=0)
+    useful = sum(p.max_tokens for p in params)
+    static = LLM(strategy="static_batch", max_num_seqs=args.batch)
+    continuous = LLM(strategy="continuous", max_num_seqs=args.batch)
+    t_static = best_of(args.repeats, lambda: timed_generate(static, prompts, params)[0])
+    t_cont = best_of(args.repeats, lambda: timed_generate(continuous, prompts, params)[0])
+    t_hf = best_of(args.repeats, lambda: hf_generate_static(continuous, prompts, params, args.batch))
+    print(f"workload: {len(prompts)} requests, {useful} output tokens "
+          f"(max_tokens from {min(p.max_tokens for p in params)} to {max(p.max_tokens for p in params)}), "
+          f"batch {args.batch}")
+    for name, t in [("static batching", t_static), ("transformers.generate", t_hf), ("continuous", t_cont)]:
+        print(f"  {name:<24} {t:7.2f} s  {useful / t:8.0f} output tokens/s")
+    print(f"1. continuous vs static batching:          {t_static / t_cont:5.1f}x throughput (goal >= 3x)")
+    print(f"2. continuous vs transformers.generate:    {t_hf / t_cont:5.1f}x throughput (goal >= 3x)")
+
+
+def hf_generate_static(llm: LLM, prompts, params, batch: int) -> float:
+    """transformers.generate on left-padded batches; each batch runs to its longest request."""
+    from transformers import AutoModelForCausalLM
+
+    model = getattr(hf_generate_static, "model", None)
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(llm.model_path, dtype=torch.float32).eval()
+        hf_generate_static.model = model
+    tok = llm.tokenizer
+    tok.padding_side = "left"
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        chunk = tok(prompts[i : i + batch], return_tensors="pt", padding=True)
+        longest = max(p.max_tokens for p in params[i : i + batch])
+        with torch.inference_mode():
+            model.generate(**chunk, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
+                           pad_token_id=tok.pad_token_id)
+    return time.perf_counter() - start
+
+
+# 3 ---------------------------------------------------------------------------------------------
+
+def capacity(args) -> None:
+    """How many requests run at once in one KV budget; paged vs a max-length reservation."""
+    block_size, num_blocks = 16, args.capacity_blocks
+    prompts, params = mixed_workload(args.capacity_requests, seed=1)
+    llm = LLM(strategy="continuous", num_kv_blocks=num_blocks, block_size=block_size,
+              max_num_seqs=256, max_num_batched_tokens=4096)
+    llm.generate(prompts, params, use_tqdm=False)
+    records = llm.engine.trace.records
+    peak = max(r.num_running for r in records)
+    contiguous = num_blocks * block_size // llm.max_model_len
+    # Waste while the pool is fullest: allocated slots not holding a token.
+    busiest = max(records, key=lambda r: r.num_used_blocks)
+    print(f"3. requests in one budget of {num_blocks * block_size} token slots: paged {peak} at once, "
+          f"contiguous max-length ({llm.max_model_len} slots each) {contiguous}: "
+          f"{peak / max(contiguous, 1):.1f}x (goal >= 4x)")
+    waste = paged_waste(llm, busiest)
+    print(f"   paged waste at the fullest step (step {busiest.step}, {busiest.num_used_blocks} blocks): "
+          f"{waste:.1%} of allocated slots (goal <= 4%)")
+
+
+def paged_waste(llm: LLM, record) -> float:
+    """Share of allocated slots that hold no token, from the step's block tables."""
+    allocated = sum(len(t) for t in record.block_tables.values()) * llm.engine.config.block_size
+    return 1 - sum(record.tokens_in_cache.values()) / allocated
+
+
+# 4 ---------------------------------------------------------------------------------------------
+
+def prefix_ttft(args) -> None:
+    menu = next(d for d in generate_documents(200, seed=3) if "menu" in d.lower()[:40])
+    shared = SYSTEM_PROMPT + "\n\n" + menu + "\n"
+    questions = sample_prompts(args.prefix_requests, seed=5)
+    params = SamplingParams(temperature=0, max_tokens=1)
+
+    def mean_ttft(caching: bool) -> float:
+        llm = LLM(strategy="continuous", enable_prefix_caching=caching, max_num_seqs=1)
+        llm.generate(shared + "Order for table 1:\n", params, use_tqdm=False)  # warms the cache
+        outs = llm.generate([shared + q for q in questions], params, use_tqdm=False)
+        return sum(o.metrics.first_token_time - o.metrics.first_scheduled_time for o in outs) / len(outs)
+
+    on = best_of(args.repeats, lambda: mean_ttft(True))
+    off = best_of(args.repeats, lambda: mean_ttft(False))
+    print(f"4. TTFT with a shared {len(questions)}-question system prompt: caching off {off * 1e3:.1f} ms, "
+          f"on {on * 1e3:.1f} ms: {off / on:.1f}x faster (goal >= 5x)")
+
+
+# 5 ---------------------------------------------------------------------------------------------
+
+def prefill_stall(args) -> None:
+    long_prompt = "\n".join(generate_documents(60, seed=7))
+    short = sample_prompts(4, seed=8)
+
+    def worst_gap(chunked: bool) -> float:
+        llm = LLM(strategy="continuous", enable_chunked_prefill=chunked,
+                  max_num_batched_tokens=64 if chunked else 1024, max_num_seqs=8)
+        engine = llm.engine
+        ids = llm.tokenizer.encode(long_prompt)[: 900]
+        for i, p in enumerate(short):
+            engine.add_request(f"s{i}", p, SamplingParams(temperature=0, max_tokens=args.stall_tokens, ignore_eos=True))
+        for _ in range(5):
+            engine.step()
+        engine.add_request("long", {"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=4))
+        streams = [engine.requests[f"s{i}"] for i in range(len(short))]
+        while engine.has_unfinished_requests():
+            engine.step()
+        return max(max(r.metrics.inter_token_latencies) for r in streams)
+
+    chunked = best_of(args.repeats, lambda: worst_gap(True))
+    whole = best_of(args.repeats, lambda: worst_gap(False))
+    print(f"5. worst inter-token gap while a 900-token prompt arrives: unchunked {whole * 1e3:.1f} ms, "
+          f"chunked {chunked * 1e3:.1f} ms: {whole / chunked:.1f}x smaller (goal >= 4x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    args.batch = 8
+    args.num_requests = 16 if args.quick else 48
+    args.capacity_blocks = 256 if args.quick else 512
+    args.capacity_requests = 32 if args.quick else 96
+    args.prefix_requests = 4 if args.quick else 8
+    args.stall_tokens = 24 if args.quick else 48
+    if args.quick:
+        args.repeats = 1
+    print(f"machine: {platform.machine()} {platform.processor() or ''}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads\n")
+    throughput(args)
+    capacity(args)
+    prefix_ttft(args)
+    prefill_stall(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Measurements and small models behind the chapters: each module is one chapter's experiment, tested."""

@@ -1,0 +1,195 @@
+"""Tests for minilm_engine.experiments.memory (chapter 03) and the paging exercises.
+
+The waste arithmetic is checked exactly on hand-made outputs; the engine-driven functions run
+the shipped noodle-apprentice (0.6M parameters) on a few short requests.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from minilm_engine import LLM, SamplingParams
+from minilm_engine.data import SYSTEM_PROMPT, sample_prompts
+from minilm_engine.experiments import memory
+from minilm_engine.kv_cache.block_pool import hash_block_tokens
+from minilm_engine.outputs import CompletionOutput, RequestOutput
+from minilm_engine.teaching.exercises_paging import (
+    cached_prefix_exercise,
+    chain_hashes,
+    engine_cached_prefix_blocks,
+    engine_slot_mapping,
+    prefill_chunks_exercise,
+    slot_mapping_exercise,
+)
+
+MODEL = "noodle-apprentice"
+
+
+def output(request_id: str, num_prompt: int, num_output: int) -> RequestOutput:
+    completion = CompletionOutput(0, "", list(range(num_output)), "stop")
+    return RequestOutput(request_id, None, list(range(num_prompt)), [completion], True)
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(MODEL, num_kv_blocks=64, block_size=16, max_num_seqs=8)
+
+
+# -- footprints ----------------------------------------------------------------------------------
+
+
+def test_footprint_table_counts_slots_exactly() -> None:
+    outputs = [output("a", 10, 27), output("b", 5, 11), output("c", 16, 0)]
+    params = SamplingParams(max_tokens=64)
+    table = memory.footprint_table(outputs, params, block_size=16, max_model_len=128)
+    assert table["tokens"].tolist() == [37, 16, 16]
+    assert table["paged_slots"].tolist() == [48, 16, 16]
+    assert table["paged_empty"].tolist() == [11, 0, 0]
+    assert table["reserved_max_tokens"].tolist() == [74, 69, 80]
+    assert table["unused_max_tokens"].tolist() == [37, 53, 64]
+    assert table["unused_max_model_len"].tolist() == [91, 112, 112]
+    assert (table["paged_empty"] < 16).all()
+
+    waste = memory.waste_summary(table)
+    assert waste["paged"] == pytest.approx(1 - 69 / 80)
+    assert waste["contiguous, prompt + max_tokens"] == pytest.approx(1 - 69 / 223)
+    assert waste["contiguous, max_model_len"] == pytest.approx(1 - 69 / 384)
+
+
+def test_footprint_table_caps_reservation_at_the_context_and_checks_lengths() -> None:
+    outputs = [output("a", 100, 20)]
+    table = memory.footprint_table(outputs, [SamplingParams(max_tokens=None)], 16, 128)
+    assert table["reserved_max_tokens"].tolist() == [128]
+    with pytest.raises(ValueError, match="SamplingParams"):
+        memory.footprint_table(outputs, [SamplingParams(), SamplingParams()], 16, 128)
+
+
+def test_contiguous_capacity_takes_requests_in_arrival_order() -> None:
+    # First come, first served: the third would need 110, and the fourth waits behind it.
+    assert memory.contiguous_capacity(100, [40, 40, 30, 10]) == 2
+    assert memory.contiguous_capacity(100, [100]) == 1
+    assert memory.contiguous_capacity(99, [100, 1]) == 0
+    assert memory.contiguous_capacity(100, []) == 0
+
+
+# -- engine-driven ---------------------------------------------------------------------------
+
+
+def test_concurrency_under_budget_runs_everything_in_a_small_pool() -> None:
+    prompts = sample_prompts(8, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    result = memory.concurrency_under_budget(prompts, params, num_kv_blocks=12, model=MODEL)
+    assert result.budget_slots == 12 * 16
+    assert result.num_requests == 8
+    assert 1 <= result.max_running_paged <= 8
+    assert result.num_steps == len(result.steps)
+    # Contiguous: prompt + 40 slots each (prompts of 6-18 tokens) in 192 slots.
+    assert result.fits_max_tokens == 3
+    assert result.fits_max_model_len == 0  # 1024 > 192
+    # Every request made all its tokens: 40 decode or sampling steps each, and the pool is empty.
+    assert result.steps["num_used_blocks"].iloc[-1] == 0
+
+
+def test_prefix_sharing_run_finds_the_system_prompt_cached(llm: LLM) -> None:
+    questions = sample_prompts(3, seed=5)
+    on = memory.prefix_sharing_run(llm, SYSTEM_PROMPT, questions)
+    assert on["cached_tokens"][0] == 0
+    assert (on["cached_tokens"][1:] >= 16 * (len(llm.tokenizer.encode(SYSTEM_PROMPT)) // 16)).all()
+    assert (on["cached_tokens"] + on["computed_prompt_tokens"] == on["prompt_tokens"]).all()
+    assert (on["ttft_s"] > 0).all()
+    # Calling again starts from an empty cache: the same counts.
+    again = memory.prefix_sharing_run(llm, SYSTEM_PROMPT, questions)
+    assert again["cached_tokens"].tolist() == on["cached_tokens"].tolist()
+
+    off_llm = LLM(MODEL, num_kv_blocks=64, block_size=16, enable_prefix_caching=False)
+    off = memory.prefix_sharing_run(off_llm, SYSTEM_PROMPT, questions)
+    assert (off["cached_tokens"] == 0).all()
+    assert (off["computed_prompt_tokens"] == off["prompt_tokens"]).all()
+
+
+# -- exercises -------------------------------------------------------------------------------
+
+
+def stub(**_):
+    raise NotImplementedError
+
+
+def test_slot_mapping_reference_follows_the_docstring_picture() -> None:
+    # block_manager.py's picture: block_size 4, table [7, 2, 5], 10 tokens.
+    assert engine_slot_mapping([7, 2, 5], 4, 0, 10) == [28, 29, 30, 31, 8, 9, 10, 11, 20, 21]
+    assert engine_slot_mapping([3], 16, 5, 5) == []
+
+
+def test_slot_mapping_exercise_accepts_a_correct_answer_and_explains_a_wrong_one() -> None:
+    def right(block_table, block_size, start, end):
+        return [
+            block_table[p // block_size] * block_size + p % block_size for p in range(start, end)
+        ]
+
+    def forgets_block_size(block_table, block_size, start, end):
+        return [block_table[p // block_size] + p % block_size for p in range(start, end)]
+
+    assert slot_mapping_exercise.check(right).passed
+    wrong = slot_mapping_exercise.check(forgets_block_size)
+    assert not wrong.passed and "expected" in wrong.message
+    assert not slot_mapping_exercise.check(stub).passed  # reported, not raised
+
+
+def test_cached_prefix_reference_stops_at_the_first_miss_and_keeps_one_token() -> None:
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    h = chain_hashes(tokens, 2)
+    cached = {h[0]: 10, h[1]: 11, h[3]: 13}
+    assert engine_cached_prefix_blocks(tokens, 2, cached) == [10, 11]  # h[2] missing
+    every = {hx: i for i, hx in enumerate(h)}
+    assert engine_cached_prefix_blocks(tokens, 2, every) == [0, 1, 2]  # never the whole prompt
+    assert engine_cached_prefix_blocks(tokens + [9], 2, every) == [0, 1, 2, 3]
+    unchained = {hash_block_tokens(None, tokens[2:4]): 5, h[0]: 4}
+    assert engine_cached_prefix_blocks(tokens, 2, unchained) == [4]
+
+
+def test_cached_prefix_exercise_catches_the_usual_mistakes() -> None:
+    def walk(token_ids, block_size, cached, chain=True, cap=True, stop=True):
+        hits, parent = [], None
+        num_blocks = (len(token_ids) - 1) // block_size if cap else len(token_ids) // block_size
+        for i in range(num_blocks):
+            block = token_ids[i * block_size : (i + 1) * block_size]
+            parent = hash_block_tokens(parent if chain else None, block)
+            if parent in cached:
+                hits.append(cached[parent])
+            elif stop:
+                break
+        return hits
+
+    assert cached_prefix_exercise.check(walk).passed
+    for mistake in ({"chain": False}, {"cap": False}, {"stop": False}):
+        result = cached_prefix_exercise.check(lambda m=mistake, **case: walk(**case, **m))
+        assert not result.passed, mistake
+    assert not cached_prefix_exercise.check(stub).passed
+
+
+def test_prefill_chunks_exercise_matches_the_scheduler_arithmetic() -> None:
+    reference = prefill_chunks_exercise.reference
+    assert reference(900, 6, 64) == [58] * 15 + [30]
+    assert reference(10, 0, 4) == [4, 4, 2]
+    assert reference(5, 3, 4) == [1] * 5
+
+    def right(num_prompt_tokens, num_decoding, max_num_batched_tokens):
+        chunks, remaining = [], num_prompt_tokens
+        while remaining:
+            chunks.append(min(remaining, max_num_batched_tokens - num_decoding))
+            remaining -= chunks[-1]
+        return chunks
+
+    def ignores_decoders(num_prompt_tokens, num_decoding, max_num_batched_tokens):
+        return right(num_prompt_tokens, 0, max_num_batched_tokens)
+
+    assert prefill_chunks_exercise.check(right).passed
+    assert not prefill_chunks_exercise.check(ignores_decoders).passed
+    assert not prefill_chunks_exercise.check(stub).passed
+
+
+def test_solutions_show_the_engine_methods() -> None:
+    pytest.importorskip("IPython")
+    assert "slot_mapping" in slot_mapping_exercise.solution().data
+    assert "get_computed_blocks" in cached_prefix_exercise.solution().data
+    assert "_num_tokens_to_compute" in prefill_chunks_exercise.solution().data

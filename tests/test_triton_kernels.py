@@ -1,0 +1,247 @@
+"""Tests for the Triton attention backend: every kernel equals the torch reference.
+
+Without CUDA the kernels run in the Triton interpreter on the CPU; with CUDA they run natively
+on the GPU.  The interpreter is switched on by TRITON_INTERPRET=1, which must be set before
+anything imports triton (`@triton.jit`, triton's own `tl.sum`, `tl.zeros` included, reads it
+when a function is defined), and transformers imports triton: so conftest.py sets it, first
+thing.  Without Triton the whole module is skipped.
+
+Each case is a step of the paged engine drawn the way test_paged_attention.py draws them: a
+NaN-filled cache (reading a slot nobody wrote poisons the output), block ids shuffled across
+the pool, the cached prefix written in an earlier step and the new tokens in this one.  The
+cases aim at the edges of the kernels: contexts of 1 token, ending on and just past a block or
+a key tile (16), long contexts, head_dim and GQA groups that are not powers of two (padded
+with masks), GQA ratios 1, 2, 4 and 5 (noodle-chef: 5 query heads on 1 K/V head).
+
+Shapes stay small: the interpreter runs each program instance in numpy, one after another.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import warnings
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # conftest.py did it already, earlier
+
+pytest.importorskip("triton", reason="Triton is not installed (it comes with the 'test' extra on Linux x86-64)")
+
+import minilm_engine.attention as attention_package  # noqa: E402
+from minilm_engine import LLM, SamplingParams  # noqa: E402
+from minilm_engine.attention import backends, triton_paged_prefill  # noqa: E402
+from minilm_engine.attention.triton_paged_decode import paged_decode_attention  # noqa: E402
+from minilm_engine.attention.triton_paged_prefill import paged_prefill_attention  # noqa: E402
+from minilm_engine.attention.triton_write_kv import write_kv  # noqa: E402
+from minilm_engine.engine.config import EngineConfig  # noqa: E402
+from minilm_engine.kv_cache.paged import paged_attention_reference, write_kv_reference  # noqa: E402
+from test_paged_attention import PagedSeq, this_step, write_prefix  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if DEVICE.type == "cpu" and not triton_paged_prefill.is_interpreted():
+    pytest.skip(
+        "no GPU, and triton was imported before TRITON_INTERPRET=1 was set (see conftest.py)",
+        allow_module_level=True,
+    )
+# Half-precision outputs are compared with the reference run in fp32 on the same (rounded)
+# inputs: the kernels keep scores and sums in fp32, so they differ from it by about one
+# rounding of the output, which is what these tolerances allow (two units in the last place).
+TOLERANCES = {torch.float32: {}, torch.float16: dict(rtol=2e-3, atol=2e-3), torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+
+
+@dataclass
+class Case:
+    """One engine step: per sequence (context_len, num_queries), heads, head_dim, blocks, dtype."""
+
+    seqs: list[tuple[int, int]]
+    ratio: int  # query heads per K/V head
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype = torch.float32
+
+    def __repr__(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (
+            f"seqs{self.seqs}-G{self.ratio}xKV{self.num_kv_heads}-D{self.head_dim}-bs{self.block_size}-{dtype}"
+        )
+
+
+def random_cases(seed: int, count: int, decode_only: bool) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        seqs = []
+        for _ in range(rng.randint(1, 4)):
+            context_len = rng.randint(1, 48)
+            num_queries = 1 if decode_only else rng.choice([1, context_len, rng.randint(1, context_len)])
+            seqs.append((context_len, num_queries))
+        cases.append(
+            Case(
+                seqs,
+                ratio=rng.choice([1, 2, 4, 5]),
+                num_kv_heads=rng.choice([1, 2]),
+                head_dim=rng.choice([8, 16, 32]),
+                block_size=rng.choice([1, 3, 4, 16]),
+                dtype=rng.choice([torch.float32, torch.float16]),
+            )
+        )
+    return cases
+
+
+def build(case: Case, seed: int = 0):
+    """The step on DEVICE: (q, k, v, meta) of the new tokens, caches holding the prefix."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    blocks_needed = [-(-context_len // case.block_size) for context_len, _ in case.seqs]
+    num_blocks = sum(blocks_needed) + 2  # two blocks nobody uses
+    ids = rng.sample(range(num_blocks), num_blocks)
+    seqs = []
+    for (context_len, num_queries), n in zip(case.seqs, blocks_needed):
+        table, ids = ids[:n], ids[n:]
+        keys, values = torch.randn(2, context_len, case.num_kv_heads, case.head_dim, generator=gen)
+        queries = torch.randn(num_queries, case.num_kv_heads * case.ratio, case.head_dim, generator=gen)
+        seqs.append(PagedSeq(keys.to(case.dtype), values.to(case.dtype), queries.to(case.dtype), table))
+    shape = (num_blocks, case.block_size, case.num_kv_heads, case.head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=case.dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=case.dtype)
+    write_prefix(seqs, k_cache, v_cache, rng)
+    q, k, v, meta = this_step(seqs, case.block_size)
+    meta.slot_mapping, meta.query_start_loc, meta.context_lens, meta.block_tables = (
+        t.to(DEVICE) for t in (meta.slot_mapping, meta.query_start_loc, meta.context_lens, meta.block_tables)
+    )
+    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), meta
+
+
+def reference_fp32(q, k_cache, v_cache, meta) -> torch.Tensor:
+    return paged_attention_reference(q.float(), k_cache.float(), v_cache.float(), meta)
+
+
+def check_attention(kernel, case: Case, seed: int = 0) -> None:
+    q, k, v, k_cache, v_cache, meta = build(case, seed)
+    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = kernel(q, k_cache, v_cache, meta)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out.float(), reference_fp32(q, k_cache, v_cache, meta), **TOLERANCES[case.dtype])
+
+
+# ---------------------------------------------------------------------- write_kv
+WRITE_CASES = [
+    Case([(1, 1)], ratio=1, num_kv_heads=1, head_dim=8, block_size=1),
+    Case([(9, 9), (5, 1), (20, 3)], ratio=1, num_kv_heads=2, head_dim=12, block_size=4, dtype=torch.float16),
+    Case([(16, 16), (17, 2)], ratio=1, num_kv_heads=3, head_dim=8, block_size=16, dtype=torch.bfloat16),
+    Case([(7, 4), (3, 3)], ratio=1, num_kv_heads=1, head_dim=64, block_size=3),
+]
+
+
+@pytest.mark.parametrize("case", WRITE_CASES, ids=repr)
+def test_write_kv_matches_reference(case):
+    _, k, v, k_cache, v_cache, meta = build(case)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    write_kv_reference(expected_k, expected_v, k, v, meta.slot_mapping)
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    # Bit for bit, and every slot nobody wrote still holds its NaN.
+    torch.testing.assert_close(k_cache, expected_k, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(v_cache, expected_v, rtol=0, atol=0, equal_nan=True)
+
+
+# ---------------------------------------------------------------------- decode
+DECODE_CASES = [
+    Case([(1, 1)], ratio=1, num_kv_heads=1, head_dim=8, block_size=4),  # a one-token context
+    Case([(4, 1), (8, 1), (5, 1)], ratio=2, num_kv_heads=2, head_dim=8, block_size=4),  # block edges
+    Case([(16, 1), (17, 1), (32, 1), (33, 1)], ratio=4, num_kv_heads=1, head_dim=16, block_size=16,
+         dtype=torch.float16),  # key-tile edges
+    Case([(37, 1), (3, 1)], ratio=5, num_kv_heads=1, head_dim=64, block_size=16, dtype=torch.float16),  # chef
+    Case([(7, 1), (10, 1), (1, 1)], ratio=3, num_kv_heads=2, head_dim=12, block_size=3),  # nothing a power of 2
+    Case([(150, 1)], ratio=5, num_kv_heads=1, head_dim=32, block_size=16),  # long
+    Case([(9, 1), (2, 1)], ratio=2, num_kv_heads=1, head_dim=8, block_size=1, dtype=torch.float16),
+] + random_cases(seed=1, count=9, decode_only=True)
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=repr)
+def test_paged_decode_matches_reference(case):
+    check_attention(paged_decode_attention, case)
+
+
+# ---------------------------------------------------------------------- prefill (and mixed steps)
+PREFILL_CASES = [
+    Case([(1, 1)], ratio=1, num_kv_heads=1, head_dim=8, block_size=4),  # one token, no prefix
+    Case([(16, 16), (17, 17)], ratio=2, num_kv_heads=2, head_dim=8, block_size=4),  # whole prompts
+    Case([(20, 4), (33, 17), (5, 1)], ratio=4, num_kv_heads=1, head_dim=16, block_size=16,
+         dtype=torch.float16),  # chunks after a prefix, a decode beside them
+    Case([(45, 13), (2, 2)], ratio=5, num_kv_heads=1, head_dim=64, block_size=16, dtype=torch.float16),  # chef
+    Case([(11, 5), (7, 7), (9, 1)], ratio=3, num_kv_heads=2, head_dim=12, block_size=3),  # no powers of 2
+    Case([(120, 40)], ratio=2, num_kv_heads=1, head_dim=32, block_size=16),  # long prefix, long chunk
+    Case([(10, 3), (6, 6)], ratio=1, num_kv_heads=2, head_dim=8, block_size=1, dtype=torch.float16),
+] + random_cases(seed=2, count=9, decode_only=False)
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=repr)
+def test_paged_prefill_matches_reference(case):
+    check_attention(paged_prefill_attention, case)
+
+
+@pytest.mark.parametrize("decode_only", [True, False], ids=["decode", "mixed"])
+def test_backend_attend_in_bfloat16(decode_only):
+    # bf16 through the backend's dispatch; under the interpreter the prefill kernel upcasts
+    # bf16 to fp32 before tl.dot (the interpreter computes bf16 dots wrongly).
+    seqs = [(9, 1), (21, 1)] if decode_only else [(9, 1), (21, 6)]
+    case = Case(seqs, ratio=2, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.bfloat16)
+    backend = backends.get_attention_backend("triton", DEVICE, torch.bfloat16)
+    q, k, v, k_cache, v_cache, meta = build(case)
+    backend.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = backend.attend(q, k_cache, v_cache, meta)
+    torch.testing.assert_close(out.float(), reference_fp32(q, k_cache, v_cache, meta), **TOLERANCES[torch.bfloat16])
+
+
+# ---------------------------------------------------------------------- choosing a backend
+def test_backend_names_resolve():
+    assert backends.get_attention_backend("torch", DEVICE) is backends.TORCH_BACKEND
+    assert backends.get_attention_backend("triton", DEVICE).name == "triton"
+    # The torch reference is the CPU default; "auto" picks Triton on a GPU only.
+    assert backends.get_attention_backend("auto", "cpu").name == "torch"
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        backends.get_attention_backend("flash", DEVICE)
+    with pytest.raises(ValueError, match="attention_backend must be"):
+        EngineConfig(attention_backend="cuda")
+
+
+def test_triton_on_cpu_without_interpreter_warns_and_falls_back(monkeypatch):
+    monkeypatch.setattr(triton_paged_prefill, "is_interpreted", lambda: False)
+    with pytest.warns(UserWarning, match="TRITON_INTERPRET=1"):
+        backend = backends.get_attention_backend("triton", "cpu")
+    assert backend is backends.TORCH_BACKEND
+
+
+def test_triton_missing_warns_and_falls_back(monkeypatch):
+    # What an install without Triton sees: importing the kernels fails.
+    monkeypatch.delattr(attention_package, "triton_paged_prefill")
+    monkeypatch.setitem(sys.modules, "minilm_engine.attention.triton_paged_prefill", None)
+    with pytest.warns(UserWarning, match="Triton does not import"):
+        assert backends.get_attention_backend("triton", DEVICE) is backends.TORCH_BACKEND
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "auto" falls back quietly
+        assert backends.get_attention_backend("auto", DEVICE) is backends.TORCH_BACKEND
+
+
+# ---------------------------------------------------------------------- the whole engine
+@pytest.mark.parametrize("name", ["mistral", "qwen3"])  # 4 query heads on 1 K/V head; 8 on 2
+def test_engine_greedy_tokens_equal_torch_backend(checkpoints, prompts, name):
+    # A small token budget makes the engine chunk the prompts and run decodes beside chunks,
+    # so both kernels and the dispatch between them run.
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(
+            checkpoints[name].path, device=DEVICE, dtype="float32", max_model_len=64, block_size=4,
+            max_num_batched_tokens=8, num_kv_blocks=80, attention_backend=backend,
+        )  # a fixed pool: on a GPU the default would claim 90% of its memory, twice
+        assert llm.engine.attention_backend.name == backend
+        tokens[backend] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+    assert tokens["triton"] == tokens["torch"]
+    assert all(len(t) == 6 for t in tokens["torch"])
