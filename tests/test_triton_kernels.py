@@ -51,7 +51,11 @@ if DEVICE.type == "cpu" and not triton_paged_prefill.is_interpreted():
 # Half-precision outputs are compared with the reference run in fp32 on the same (rounded)
 # inputs: the kernels keep scores and sums in fp32, so they differ from it by about one
 # rounding of the output, which is what these tolerances allow (two units in the last place).
-TOLERANCES = {torch.float32: {}, torch.float16: dict(rtol=2e-3, atol=2e-3), torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+TOLERANCES = {
+    torch.float32: {},  # assert_close's defaults
+    torch.float16: dict(rtol=2e-3, atol=2e-3),
+    torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2),
+}
 
 
 @dataclass
@@ -242,6 +246,6 @@ def test_engine_greedy_tokens_equal_torch_backend(checkpoints, prompts, name):
             max_num_batched_tokens=8, num_kv_blocks=80, attention_backend=backend,
         )  # a fixed pool: on a GPU the default would claim 90% of its memory, twice
         assert llm.engine.attention_backend.name == backend
-        tokens[backend] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+        tokens[backend] = [out.outputs[0].token_ids for out in llm.generate(prompts[:3], params, use_tqdm=False)]
     assert tokens["triton"] == tokens["torch"]
     assert all(len(t) == 6 for t in tokens["torch"])
