@@ -23,7 +23,7 @@ import torch
 
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.data.noodle_corpus import SYSTEM_PROMPT, generate_documents, sample_prompts
-from minilm_engine.experiments.workloads import mixed_workload
+from minilm_engine.experiments.workloads import LengthMix, draw_output_lens, mixed_workload
 
 
 def best_of(repeats: int, fn) -> float:
@@ -39,7 +39,8 @@ def timed_generate(llm: LLM, prompts, params) -> tuple[float, int]:
 # 1 + 2 ---------------------------------------------------------------------------------------
 
 def throughput(args) -> None:
-    prompts, params = mixed_workload(args.num_requests, seed=0)
+    workload = mixed_workload(args.num_requests, seed=0)
+    prompts, params = workload.prompts, workload.sampling_params
     useful = sum(p.max_tokens for p in params)
     static = LLM(strategy="static_batch", max_num_seqs=args.batch)
     continuous = LLM(strategy="continuous", max_num_seqs=args.batch)
@@ -80,7 +81,13 @@ def hf_generate_static(llm: LLM, prompts, params, batch: int) -> float:
 def capacity(args) -> None:
     """How many requests run at once in one KV budget; paged vs a max-length reservation."""
     block_size, num_blocks = 16, args.capacity_blocks
-    prompts, params = mixed_workload(args.capacity_requests, seed=1)
+    # Realistic lengths for the memory question: a document as the prompt, a few hundred
+    # tokens of answer (paging's waste is under one block per request, whatever its length).
+    docs = [d for d in generate_documents(4 * args.capacity_requests, seed=1) if len(d) > 300]
+    prompts = docs[: args.capacity_requests]
+    params = LengthMix(short=(96, 192), long=(192, 320), long_fraction=0.5)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+              for n in draw_output_lens(len(prompts), seed=1, mix=params)]
     llm = LLM(strategy="continuous", num_kv_blocks=num_blocks, block_size=block_size,
               max_num_seqs=256, max_num_batched_tokens=4096)
     llm.generate(prompts, params, use_tqdm=False)
@@ -126,7 +133,7 @@ def prefix_ttft(args) -> None:
 # 5 ---------------------------------------------------------------------------------------------
 
 def prefill_stall(args) -> None:
-    long_prompt = "\n".join(generate_documents(60, seed=7))
+    long_prompt = "\n".join(generate_documents(12, seed=7))
     short = sample_prompts(4, seed=8)
 
     def worst_gap(chunked: bool) -> float:
@@ -154,7 +161,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1: small models gain nothing from more, and "
+                             "a busy machine makes extra threads very slow)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     args.batch = 8
     args.num_requests = 16 if args.quick else 48
     args.capacity_blocks = 256 if args.quick else 512

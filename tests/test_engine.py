@@ -121,24 +121,27 @@ def num_cached_tokens(engine) -> int:
 
 # ---------------------------------------------------------------------- random workloads
 @pytest.mark.parametrize(
-    "name, seed, caching, chunked",
+    "name, seed, block_size, num_blocks, caching, chunked",
     [
-        ("qwen3", 0, True, True),  # GQA 4, q/k norms
-        ("llama3_rope", 1, True, True),  # GQA 2, rope scaling
-        ("mistral", 2, False, True),  # one KV head, no prefix caching
-        ("qwen2", 3, True, False),  # biases; whole prompts only
-        ("llama", 4, False, False),
+        # Each pool holds one long request (48-64 tokens of KV), not eight at once.
+        ("qwen3", 0, 4, 12, True, True),  # GQA 4, q/k norms
+        ("llama3_rope", 1, 4, 12, True, True),  # GQA 2, rope scaling
+        ("mistral", 2, 4, 12, False, True),  # one KV head, no prefix caching
+        ("qwen2", 3, 4, 12, True, False),  # biases; whole prompts only
+        ("llama", 4, 4, 12, False, False),
+        ("qwen3", 5, 1, 48, True, True),  # a block per token
+        ("llama3_rope", 6, 16, 4, True, True),  # few big blocks, mostly partly filled
     ],
 )
 def test_random_workload_with_preemption_equals_running_alone(
-    checkpoints, tokenizer, words, alone, name, seed, caching, chunked
+    checkpoints, tokenizer, words, alone, name, seed, block_size, num_blocks, caching, chunked
 ):
     rng = random.Random(seed)
     workload = random_workload(rng, tokenizer, words, num_requests=14)
-    # 12 blocks of 4 = 48 tokens: room for one long request, not for 8 at once.
     llm = make_llm(
         checkpoints[name].path,
-        num_kv_blocks=12,
+        block_size=block_size,
+        num_kv_blocks=num_blocks,
         max_num_seqs=8,
         max_num_batched_tokens=24 if chunked else MAX_MODEL_LEN,
         enable_prefix_caching=caching,

@@ -415,7 +415,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None
+    max_examples=250, stateful_step_count=40, deadline=None
 )
 TestSchedulerMachine = SchedulerMachine.TestCase
 

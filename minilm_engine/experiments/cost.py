@@ -259,7 +259,7 @@ def throughput_figure(results: dict[str, Throughput], price_per_hour: float, cur
         )
     )
     fig.update_layout(
-        title=f"Same machine, same hourly price ({currency}{price_per_hour:g}/h): "
+        title=f"Same machine, same hourly price ({currency}{price_per_hour:.2f}/h): "
         "more bowls at once, cheaper bowls",
         yaxis_title="generated tokens / s",
         xaxis_title="how the requests were served",

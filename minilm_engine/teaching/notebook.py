@@ -12,6 +12,8 @@ import inspect
 import os
 from dataclasses import dataclass
 
+import torch
+
 from ..device import resolve_device, resolve_dtype
 
 GPU_MODEL = "Qwen/Qwen3-0.6B"
@@ -32,6 +34,11 @@ class NotebookSetup:
 def setup(gpu_model: str = GPU_MODEL, verbose: bool = True) -> NotebookSetup:
     smoke = os.environ.get("MINILM_SMOKE", "0") == "1"
     device = resolve_device(os.environ.get("MINILM_DEVICE") or None)
+    if device.type == "cpu":
+        # A 7M-parameter model's matmuls are too small to split across threads, and on a busy
+        # machine torch's spinning worker threads make each step 10-30x slower (measured on
+        # the 2-core CI machine).  One thread by default; MINILM_THREADS=N to change.
+        torch.set_num_threads(int(os.environ.get("MINILM_THREADS", "1")))
     dtype = resolve_dtype("auto", device)
     model = os.environ.get("MINILM_MODEL") or None
     if model is None and device.type == "cuda":
@@ -40,7 +47,8 @@ def setup(gpu_model: str = GPU_MODEL, verbose: bool = True) -> NotebookSetup:
     if verbose:
         print(
             f"device: {chosen.device}  dtype: {chosen.dtype}  "
-            f"model: {chosen.model or 'noodle-chef (shipped)'}  smoke: {chosen.smoke}"
+            f"model: {chosen.model or 'noodle-chef (shipped)'}  smoke: {chosen.smoke}  "
+            f"torch threads: {torch.get_num_threads()}"
         )
     return chosen
 
