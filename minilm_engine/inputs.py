@@ -7,6 +7,7 @@ request never disturbs the others.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -32,8 +33,7 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.device = device
-        # Requests without their own seed draw one from here: reproducible run to run.
-        self._seeds = torch.Generator().manual_seed(seed)
+        self.seed = seed
 
     def make_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> Request:
         if not isinstance(params, SamplingParams):
@@ -58,9 +58,7 @@ class InputProcessor:
                 f"the prompt has {len(ids)} tokens, but the model's context holds "
                 f"{self.max_model_len} (prompt + output); shorten the prompt"
             )
-        seed = params.seed
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+        seed = params.seed if params.seed is not None else self.default_seed(request_id)
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -73,3 +71,10 @@ class InputProcessor:
             max_model_len=self.max_model_len,
             generator=generator,
         )
+
+    def default_seed(self, request_id: str) -> int:
+        """The seed of a request whose SamplingParams have none: a function of the engine's seed
+        and the request id only, so it is the same run to run, and no other request (not even
+        one refused after tokenization, e.g. for not fitting the KV pool) can change it."""
+        digest = hashlib.sha256(f"{self.seed}|{request_id}".encode()).digest()
+        return int.from_bytes(digest[:8], "little") >> 2  # in [0, 2**62)

@@ -55,32 +55,44 @@ def alone(checkpoints):
     return run
 
 
-def random_workload(
-    rng: random.Random, tokenizer, words: list[str], num_requests: int, max_prompt: int = 30,
-    max_tokens: int = 16, max_arrival: int = 12, kinds=("ids", "text", "shared"),
-) -> list[Arrival]:
-    """Seeded requests: random token ids, text, or a shared 3-block prefix plus a random tail."""
-    vocab = len(tokenizer)
-    system = [rng.randrange(vocab) for _ in range(3 * BLOCK_SIZE)]
-    workload = []
-    for i in range(num_requests):
-        kind = rng.choice(kinds)
-        if kind == "ids":
-            prompt = {"prompt_token_ids": [rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt))]}
-        elif kind == "shared":
-            tail = [rng.randrange(vocab) for _ in range(rng.randint(0, max_prompt - len(system)))]
-            prompt = {"prompt_token_ids": system + tail}
-        else:
-            prompt = " ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))
-            assert len(tokenizer.encode(prompt)) <= max_prompt
-        params = SamplingParams(temperature=0, max_tokens=rng.randint(1, max_tokens))
-        workload.append(Arrival(f"req-{i}", prompt, params, rng.randint(0, max_arrival)))
-    return workload
-
-
 @pytest.fixture(scope="module")
-def words(prompts) -> list[str]:
-    return sorted({w for p in prompts for w in p.split()})
+def random_workload(tokenizer, prompts):
+    """random_workload(seed, num_requests, ...) -> seeded `Arrival`s of three kinds of prompt:
+    random token ids, text made of words of the `prompts` fixture, or a shared 3-block
+    "system prompt" plus a random tail."""
+    vocab = len(tokenizer)
+    words = sorted({w for p in prompts for w in p.split()})
+
+    def make(
+        seed: int,
+        num_requests: int,
+        *,
+        max_prompt: int = 30,
+        max_tokens: int = 16,
+        max_arrival: int = 12,
+        kinds: tuple[str, ...] = ("ids", "text", "shared"),
+    ) -> list[Arrival]:
+        rng = random.Random(seed)
+        system = [rng.randrange(vocab) for _ in range(3 * BLOCK_SIZE)]
+        workload = []
+        for i in range(num_requests):
+            kind = rng.choice(kinds)
+            if kind == "ids":
+                ids = [rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt))]
+                prompt = {"prompt_token_ids": ids}
+            elif kind == "shared":
+                num_tail = rng.randint(0, max_prompt - len(system))
+                prompt = {
+                    "prompt_token_ids": system + [rng.randrange(vocab) for _ in range(num_tail)]
+                }
+            else:
+                prompt = " ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))
+                assert len(tokenizer.encode(prompt)) <= max_prompt
+            params = SamplingParams(temperature=0, max_tokens=rng.randint(1, max_tokens))
+            workload.append(Arrival(f"req-{i}", prompt, params, rng.randint(0, max_arrival)))
+        return workload
+
+    return make
 
 
 def drive(engine, workload: list[Arrival], max_steps: int = 2000) -> dict[str, Request]:
@@ -134,10 +146,9 @@ def num_cached_tokens(engine) -> int:
     ],
 )
 def test_random_workload_with_preemption_equals_running_alone(
-    checkpoints, tokenizer, words, alone, name, seed, block_size, num_blocks, caching, chunked
+    checkpoints, random_workload, alone, name, seed, block_size, num_blocks, caching, chunked
 ):
-    rng = random.Random(seed)
-    workload = random_workload(rng, tokenizer, words, num_requests=14)
+    workload = random_workload(seed, num_requests=14)
     llm = make_llm(
         checkpoints[name].path,
         block_size=block_size,
@@ -156,13 +167,10 @@ def test_random_workload_with_preemption_equals_running_alone(
     assert (num_cached_tokens(engine) > 0) == caching
 
 
-def test_prefix_cache_hit_equals_miss(checkpoints, tokenizer, words, alone):
+def test_prefix_cache_hit_equals_miss(checkpoints, random_workload, alone):
     name = "qwen3"
-    rng = random.Random(10)
     # Spread-out arrivals, so that later requests find the shared prefix already cached.
-    workload = random_workload(
-        rng, tokenizer, words, num_requests=12, max_arrival=30, kinds=("shared", "shared", "text")
-    )
+    workload = random_workload(10, 12, max_arrival=30, kinds=("shared", "shared", "text"))
     results = {}
     for caching in (True, False):
         llm = make_llm(checkpoints[name].path, num_kv_blocks=40, enable_prefix_caching=caching)
@@ -174,9 +182,39 @@ def test_prefix_cache_hit_equals_miss(checkpoints, tokenizer, words, alone):
     assert_matches_alone(name, workload, requests, alone)
 
 
-def test_chunked_prefill_equals_unchunked(checkpoints, tokenizer, words, alone):
+def test_prefix_cache_only_shares_whole_prefixes(checkpoints, alone):
+    # b's second and third blocks hold the same tokens as a's, after a different first block:
+    # their keys/values differ (they saw different tokens before them), so nothing is shared.
+    # c agrees with a on two blocks and shares exactly those.
+    name = "qwen2"
+    shared = list(range(100, 108))
+    prompts = {
+        "a": {"prompt_token_ids": [1, 2, 3, 4] + shared + [7]},
+        "b": {"prompt_token_ids": [9, 9, 9, 9] + shared + [7]},
+        "c": {"prompt_token_ids": [1, 2, 3, 4] + shared[:4] + [50, 51]},
+    }
+    params = SamplingParams(temperature=0, max_tokens=6)
+    llm = make_llm(checkpoints[name].path)
+    engine = llm.engine
+    requests = {}
+    for rid, prompt in prompts.items():  # one after the other, so a's blocks are cached
+        requests[rid] = engine.add_request(rid, prompt, params)
+        drive(engine, [])
+    cached = {
+        c.request_id: c.num_cached_tokens
+        for rec in engine.trace.records
+        for c in rec.chunks
+        if c.num_cached_tokens
+    }
+    assert cached == {"c": 8}
+    for rid, prompt in prompts.items():
+        assert requests[rid].output_token_ids == alone(name, prompt, params), rid
+
+
+def test_chunked_prefill_equals_unchunked(checkpoints, random_workload, alone):
     name = "llama3_rope"
-    workload = random_workload(random.Random(20), tokenizer, words, num_requests=10)
+    # Near-simultaneous arrivals: the budget is contested, so unchunked prompts must wait.
+    workload = random_workload(20, 10, max_arrival=2)
     results = {}
     for budget, chunked in ((6, True), (MAX_MODEL_LEN, False)):
         llm = make_llm(
@@ -200,17 +238,19 @@ def test_chunked_prefill_equals_unchunked(checkpoints, tokenizer, words, alone):
 
 
 # ---------------------------------------------------------------------- abort
-def test_abort_frees_the_request_at_once_and_others_finish(checkpoints, tokenizer, words, alone):
+def test_abort_frees_the_request_at_once_and_others_finish(checkpoints, random_workload, alone):
     name = "qwen3"
-    workload = random_workload(random.Random(30), tokenizer, words, 6, max_arrival=0)
+    workload = random_workload(30, 6, max_arrival=0)
     for a in workload:
         a.params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm = make_llm(checkpoints[name].path, max_num_seqs=3, enable_prefix_caching=False)
     engine = llm.engine
-    requests = {a.request_id: engine.add_request(a.request_id, a.prompt, a.params) for a in workload}
+    requests = {
+        a.request_id: engine.add_request(a.request_id, a.prompt, a.params) for a in workload
+    }
     for _ in range(3):
         engine.step()
-    running = [r for r in engine.scheduler.running]
+    running = list(engine.scheduler.running)
     waiting = list(engine.scheduler.waiting)
     assert len(running) == 3 and waiting
     victim, waiting_victim = running[1], waiting[-1]
@@ -226,7 +266,8 @@ def test_abort_frees_the_request_at_once_and_others_finish(checkpoints, tokenize
     assert victim.finished and victim.finish_reason == "abort"
     assert victim.metrics.finished_time is not None
     engine.abort_request(waiting_victim.request_id)
-    assert waiting_victim not in engine.scheduler.waiting and waiting_victim.finish_reason == "abort"
+    assert waiting_victim not in engine.scheduler.waiting
+    assert waiting_victim.finish_reason == "abort"
     assert engine.get_num_unfinished_requests() == len(workload) - 2
     engine.abort_request(victim.request_id)  # twice, or an unknown id: ignored
     engine.abort_request("no-such-request")
@@ -251,19 +292,24 @@ def engine_state(engine):
         [r.request_id for r in engine.scheduler.waiting],
         [r.request_id for r in engine.scheduler.running],
         sorted(engine.requests),
-        {rid: engine.block_manager.get_block_table(rid) for rid in engine.block_manager.block_tables},
+        {
+            rid: engine.block_manager.get_block_table(rid)
+            for rid in engine.block_manager.block_tables
+        },
         engine.block_pool.num_used_blocks,
         engine.num_steps,
     )
 
 
-def test_bad_requests_are_refused_and_others_are_unaffected(checkpoints, tokenizer, words, alone):
+def test_bad_requests_are_refused_and_others_are_unaffected(checkpoints, random_workload, alone):
     name = "mistral"
     # 10 blocks of 4 = 40 tokens: less than max_model_len, so some requests cannot ever fit.
     llm = make_llm(checkpoints[name].path, num_kv_blocks=10, max_num_seqs=2)
     engine = llm.engine
-    workload = random_workload(random.Random(40), tokenizer, words, 4, max_prompt=20, max_arrival=0)
-    requests = {a.request_id: engine.add_request(a.request_id, a.prompt, a.params) for a in workload}
+    workload = random_workload(40, 4, max_prompt=20, max_arrival=0)
+    requests = {
+        a.request_id: engine.add_request(a.request_id, a.prompt, a.params) for a in workload
+    }
     engine.step()
     engine.step()
     before = engine_state(engine)
@@ -275,7 +321,11 @@ def test_bad_requests_are_refused_and_others_are_unaffected(checkpoints, tokeniz
         (TypeError, "request_id must be a str", (None, "Hello")),
         (ValueError, "already in the engine", (before[1][0], "Hello")),
         (ValueError, "already in the engine", (before[0][0], "Hello")),  # a waiting one
-        (TypeError, "sampling_params must be a SamplingParams", ("b1", "Hello", {"temperature": 0})),
+        (
+            TypeError,
+            "sampling_params must be a SamplingParams",
+            ("b1", "Hello", {"temperature": 0}),
+        ),
         (ValueError, r"has 64 tokens.*holds 64.*shorten", ("b2", {"prompt_token_ids": [5] * 64})),
         (ValueError, r"ints in \[0, \d+\)", ("b3", {"prompt_token_ids": [1, vocab]})),
         (ValueError, r"ints in \[0, \d+\)", ("b4", {"prompt_token_ids": [-1]})),
@@ -299,10 +349,10 @@ def test_bad_requests_are_refused_and_others_are_unaffected(checkpoints, tokeniz
         assert engine_state(engine) == before, (message, args)
     # Bad SamplingParams cannot even be built.
     for kwargs, message in [
-        (dict(temperature=-1), "temperature"),
-        (dict(max_tokens=0), "max_tokens"),
-        (dict(top_p=0), "top_p"),
-        (dict(top_k=-2), "top_k"),
+        ({"temperature": -1}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
     ]:
         with pytest.raises(ValueError, match=message):
             SamplingParams(**kwargs)
@@ -318,9 +368,29 @@ def test_bad_requests_are_refused_and_others_are_unaffected(checkpoints, tokeniz
     assert reused.output_token_ids == requests[workload[0].request_id].output_token_ids
 
 
+def test_a_refused_request_does_not_change_the_next_ones_sampling(checkpoints):
+    # "Raising before any state changes": a request refused after tokenization (here: it could
+    # never fit the pool) must not shift the default seed that a later unseeded request gets.
+    path = checkpoints["qwen3"].path
+    sampled = SamplingParams(temperature=1.0, max_tokens=10)
+
+    def run(refuse_first: bool) -> list[int]:
+        engine = make_llm(path, num_kv_blocks=10).engine
+        if refuse_first:
+            with pytest.raises(ValueError, match="whole pool"):
+                engine.add_request("big", {"prompt_token_ids": [5] * 35}, sampled)
+        request = engine.add_request("x", "Hello", sampled)
+        drive(engine, [])
+        return request.output_token_ids
+
+    assert run(refuse_first=True) == run(refuse_first=False)
+
+
 def test_engine_config_is_checked(checkpoints):
     path = checkpoints["llama"].path
-    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(32\) must be >= max_model_len \(64\)"):
+    with pytest.raises(
+        ValueError, match=r"max_num_batched_tokens \(32\) must be >= max_model_len \(64\)"
+    ):
         make_llm(path, max_num_batched_tokens=32, enable_chunked_prefill=False)
     with pytest.raises(ValueError, match="block_size must be a positive int"):
         make_llm(path, block_size=0)
@@ -329,22 +399,22 @@ def test_engine_config_is_checked(checkpoints):
     with pytest.raises(TypeError, match="unknown LLM arguments"):
         make_llm(path, num_blocks=4)
     with pytest.raises(AttributeError, match="no step-wise engine"):
-        make_llm(path, "kv_cache").engine
+        _ = make_llm(path, "kv_cache").engine
 
 
 # ---------------------------------------------------------------------- metrics and trace
 @pytest.fixture(scope="module")
-def finished_run(checkpoints, tokenizer, words):
-    """A preempting, prefix-sharing random run: (engine, workload, requests, steps called)."""
+def finished_run(checkpoints, random_workload):
+    """A finished random run that preempted and hit the prefix cache: (engine, requests)."""
     llm = make_llm(checkpoints["qwen3"].path, num_kv_blocks=12, max_num_batched_tokens=16)
-    workload = random_workload(random.Random(50), tokenizer, words, 12)
+    workload = random_workload(50, 12)
     requests = drive(llm.engine, workload)
     assert num_preempted(llm.engine) > 0 and num_cached_tokens(llm.engine) > 0
-    return llm.engine, workload, requests
+    return llm.engine, requests
 
 
 def test_request_metrics_are_consistent(finished_run):
-    _, _, requests = finished_run
+    _, requests = finished_run
     for r in requests.values():
         m = r.metrics
         n = len(r.output_token_ids)
@@ -364,9 +434,10 @@ def test_request_metrics_are_consistent(finished_run):
 
 
 def test_trace_has_one_consistent_record_per_step(finished_run):
-    engine, workload, requests = finished_run
+    engine, requests = finished_run
     records = engine.trace.records
-    assert len(records) == engine.num_steps and [r.step for r in records] == list(range(len(records)))
+    assert len(records) == engine.num_steps
+    assert [r.step for r in records] == list(range(len(records)))
     assert sorted(rid for rec in records for rid in rec.finished) == sorted(requests)
     computed: dict[str, int] = {}
     for rec in records:
@@ -374,18 +445,24 @@ def test_trace_has_one_consistent_record_per_step(finished_run):
         assert rec.num_prefill_tokens + rec.num_decode_tokens == sum(
             c.num_prefill_tokens + c.num_decode_tokens for c in rec.chunks
         )
-        assert rec.num_prefill_tokens + rec.num_decode_tokens <= engine.config.max_num_batched_tokens
+        num_tokens = rec.num_prefill_tokens + rec.num_decode_tokens
+        assert num_tokens <= engine.config.max_num_batched_tokens
         assert 0 < len(rec.chunks) <= engine.config.max_num_seqs
         assert rec.num_running == len(rec.block_tables) <= engine.config.max_num_seqs
         assert 0 <= rec.num_used_blocks <= rec.num_blocks and 0 <= rec.usage <= 1
         for c in rec.chunks:
-            assert c.num_decode_tokens in (0, 1) and (c.num_prefill_tokens == 0) == (c.num_decode_tokens == 1)
-            computed[c.request_id] = computed.get(c.request_id, 0) + c.num_prefill_tokens + c.num_decode_tokens
+            # a chunk is either prefill (any number of tokens) or one decode token
+            assert (c.num_prefill_tokens > 0) != (c.num_decode_tokens > 0)
+            assert c.num_decode_tokens <= 1
+            num_chunk_tokens = c.num_prefill_tokens + c.num_decode_tokens
+            computed[c.request_id] = computed.get(c.request_id, 0) + num_chunk_tokens
     # Every token's K/V is computed once, plus what preemption threw away, minus prefix hits:
     # a request never preempted computes exactly prompt + outputs - 1 - its cached tokens.
     preempted = {rid for rec in records for rid in rec.preempted}
     for rid, r in requests.items():
-        cached = sum(c.num_cached_tokens for rec in records for c in rec.chunks if c.request_id == rid)
+        cached = sum(
+            c.num_cached_tokens for rec in records for c in rec.chunks if c.request_id == rid
+        )
         needed = r.num_prompt_tokens + len(r.output_token_ids) - 1 - cached
         if rid in preempted:
             assert computed[rid] >= needed
@@ -395,7 +472,8 @@ def test_trace_has_one_consistent_record_per_step(finished_run):
 
     df = engine.trace.to_dataframe()
     assert len(df) == sum(len(rec.chunks) for rec in records)
-    assert {"step", "request_id", "num_prefill_tokens", "num_decode_tokens", "num_cached_tokens", "kv_usage"} <= set(df.columns)
+    columns = ["step", "request_id", "num_prefill_tokens", "num_decode_tokens", "kv_usage"]
+    assert set(columns + ["num_cached_tokens"]) <= set(df.columns)
     assert df["num_prefill_tokens"].sum() + df["num_decode_tokens"].sum() == sum(computed.values())
     steps = engine.trace.steps_dataframe()
     assert len(steps) == len(records) and steps["num_preempted"].sum() == num_preempted(engine)
@@ -405,19 +483,25 @@ def test_step_callbacks_see_every_record(checkpoints):
     llm = make_llm(checkpoints["llama"].path)
     seen = []
     llm.engine.add_step_callback(seen.append)
-    llm.generate(["Hello", "A bowl of noodles"], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    llm.generate(
+        ["Hello", "A bowl of noodles"], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False
+    )
     assert seen == llm.engine.trace.records and len(seen) >= 3
 
 
 # ---------------------------------------------------------------------- through LLM.generate
-def test_generate_many_prompts_keeps_order(checkpoints, tokenizer, words):
+def test_generate_many_prompts_keeps_order(checkpoints, random_workload):
     name = "qwen2"
     rng = random.Random(60)
-    prompts = [a.prompt for a in random_workload(rng, tokenizer, words, 24)]
+    prompts = [a.prompt for a in random_workload(60, 24)]
     params = [SamplingParams(temperature=0, max_tokens=rng.randint(1, 12)) for _ in prompts]
-    llm = make_llm(checkpoints[name].path, num_kv_blocks=16, max_num_seqs=5, max_num_batched_tokens=20)
+    llm = make_llm(
+        checkpoints[name].path, num_kv_blocks=16, max_num_seqs=5, max_num_batched_tokens=20
+    )
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    expected = make_llm(checkpoints[name].path, "kv_cache").generate(prompts, params, use_tqdm=False)
+    expected = make_llm(checkpoints[name].path, "kv_cache").generate(
+        prompts, params, use_tqdm=False
+    )
     assert num_preempted(llm.engine) > 0
     assert [o.request_id for o in outputs] == [str(i) for i in range(len(prompts))]
     for prompt, out, ref in zip(prompts, outputs, expected):
@@ -432,13 +516,13 @@ def test_generate_many_prompts_keeps_order(checkpoints, tokenizer, words):
 
 
 @pytest.mark.parametrize("seeded", [True, False])
-def test_sampling_with_seeds_equals_kv_cache(checkpoints, tokenizer, words, seeded):
+def test_sampling_with_seeds_equals_kv_cache(checkpoints, random_workload, seeded):
     # Each request draws from its own generator, whatever shares its batch, and a preempted
     # request's recompute samples nothing twice.  Without explicit seeds both LLMs (seed=0)
     # hand out the same per-request seeds, in prompt order.
     name = "llama3_rope"
     rng = random.Random(70)
-    prompts = [a.prompt for a in random_workload(rng, tokenizer, words, 10)]
+    prompts = [a.prompt for a in random_workload(70, 10)]
     params = [
         SamplingParams(
             temperature=rng.choice([0.7, 1.0, 1.3]),
@@ -449,9 +533,13 @@ def test_sampling_with_seeds_equals_kv_cache(checkpoints, tokenizer, words, seed
         )
         for i in range(len(prompts))
     ]
-    llm = make_llm(checkpoints[name].path, num_kv_blocks=14, max_num_seqs=6, max_num_batched_tokens=16)
+    llm = make_llm(
+        checkpoints[name].path, num_kv_blocks=14, max_num_seqs=6, max_num_batched_tokens=16
+    )
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    expected = make_llm(checkpoints[name].path, "kv_cache").generate(prompts, params, use_tqdm=False)
+    expected = make_llm(checkpoints[name].path, "kv_cache").generate(
+        prompts, params, use_tqdm=False
+    )
     assert num_preempted(llm.engine) > 0
     got = [o.outputs[0].token_ids for o in outputs]
     assert got == [o.outputs[0].token_ids for o in expected]

@@ -65,7 +65,9 @@ def random_case(rng: random.Random, ratio: int, block_size: int, dtype=torch.flo
     for _ in range(rng.randint(1, 5)):
         context_len = rng.randint(1, 40)
         kind = rng.choice(["decode", "prompt", "chunk"])
-        num_queries = {"decode": 1, "prompt": context_len, "chunk": rng.randint(1, context_len)}[kind]
+        num_queries = {"decode": 1, "prompt": context_len, "chunk": rng.randint(1, context_len)}[
+            kind
+        ]
         shapes.append((context_len, num_queries))
     blocks_needed = [-(-length // block_size) for length, _ in shapes]
     num_blocks = sum(blocks_needed) + rng.randint(0, 3)  # some blocks nobody uses
@@ -121,7 +123,9 @@ def this_step(seqs: list[PagedSeq], block_size: int):
         slot_mapping=torch.tensor(slot_mapping),
         query_start_loc=torch.tensor(query_start_loc),
         context_lens=torch.tensor([s.context_len for s in seqs]),
-        block_tables=torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs]),
+        block_tables=torch.tensor(
+            [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        ),
     )
     return q, k, v, meta
 
@@ -217,9 +221,11 @@ def test_decode_chunk_and_prompt_side_by_side():
     torch.testing.assert_close(out, torch.cat([dense_causal(s) for s in seqs]))
     # Each sequence alone gives the same rows: sequences of one step never see each other.
     for i, s in enumerate(seqs):
-        q1, k1, v1, meta1 = this_step([s], block_size)
+        q1, _, _, meta1 = this_step([s], block_size)
         rows = slice(meta.query_start_loc[i].item(), meta.query_start_loc[i + 1].item())
-        torch.testing.assert_close(paged_attention_reference(q1, k_cache, v_cache, meta1), out[rows])
+        torch.testing.assert_close(
+            paged_attention_reference(q1, k_cache, v_cache, meta1), out[rows]
+        )
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -228,7 +234,12 @@ def test_chunked_prefill_equals_whole_prompt(seed):
     # gives the same outputs as one whole-prompt step.
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    block_size, context_len, num_kv_heads, head_dim = rng.choice(BLOCK_SIZES), rng.randint(2, 40), 2, 8
+    block_size, context_len, num_kv_heads, head_dim = (
+        rng.choice(BLOCK_SIZES),
+        rng.randint(2, 40),
+        2,
+        8,
+    )
     num_blocks = -(-context_len // block_size) + 2
     table = rng.sample(range(num_blocks), num_blocks - 2)  # shuffled, two blocks left unused
     keys, values = torch.randn(2, context_len, num_kv_heads, head_dim, generator=gen)
