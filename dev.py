@@ -60,7 +60,7 @@ def setup() -> None:
             run(*pip, TORCH_GPU)
         else:
             # --no-deps: torch's own dependencies come from the default index in the next step.
-            run(*pip, "--no-deps", "--index-url", TORCH_CPU_INDEX, TORCH_CPU)
+            run(*pip, "--no-deps", "--retries", "2", "--index-url", TORCH_CPU_INDEX, TORCH_CPU)
     wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     if not STAMP.exists() or STAMP.read_text() != wanted:
         run(*pip, "-e", f"{ROOT}[dev]")
