@@ -33,7 +33,11 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 64, 128, 256])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1: small models gain nothing from more, and "
+                             "a busy machine makes extra threads very slow)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     llms = {s: LLM(args.model, device=args.device, strategy=s) for s in ("no_cache", "kv_cache")}
     ref = llms["kv_cache"]

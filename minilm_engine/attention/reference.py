@@ -32,17 +32,18 @@ def attention(
     mask: (B, T, S) bool, True where query t may attend to key s
     returns (B, H, T, D)
     """
-    num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    # Grouped-query attention: each K/V head is shared by a group of query heads, so the cache
-    # stores H_kv heads and we expand them only here, for the arithmetic.
+    B, num_heads, T, D = q.shape
+    num_kv_heads, S = k.shape[1], k.shape[2]
+    # Grouped-query attention: each K/V head serves a group of query heads (query head h uses
+    # K/V head h // group).  Folding each group's queries into one matrix lets every K/V head
+    # be read once, without copying it `group` times.
     group = num_heads // num_kv_heads
-    k = k.repeat_interleave(group, dim=1)  # (B, H, S, D)
-    v = v.repeat_interleave(group, dim=1)
-    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B, H, T, S)
-    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    q = q.reshape(B, num_kv_heads, group * T, D)  # rows: (query head in group, token)
+    scores = (q @ k.transpose(-1, -2)) * D**-0.5  # (B, H_kv, group * T, S)
+    scores = scores.masked_fill(~mask.repeat(1, group, 1)[:, None], float("-inf"))
     # Softmax in float32: in fp16 the exponentials of long rows lose too much precision.
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return probs @ v
+    return (probs @ v).reshape(B, num_heads, T, D)
 
 
 def causal_mask(

@@ -89,29 +89,64 @@ def paged_attention_reference(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedAttentionMetadata
 ) -> torch.Tensor:
     """q: (N, H, D) flattened queries -> (N, H, D), each sequence over its own cached tokens."""
-    block_size = k_cache.shape[1]
     out = torch.empty_like(q)
-    starts = meta.query_start_loc.tolist()
-    for i, context_len in enumerate(meta.context_lens.tolist()):
-        q_start, q_end = starts[i], starts[i + 1]
-        num_queries = q_end - q_start
-        # 1. Gather this sequence's keys and values from its blocks, in token order.
-        num_blocks = -(-context_len // block_size)
-        blocks = meta.block_tables[i, :num_blocks]
-        keys = k_cache[blocks].flatten(0, 1)[:context_len]  # (L, H_kv, D)
-        values = v_cache[blocks].flatten(0, 1)[:context_len]
-        # 2. The queries are the last `num_queries` tokens: causal within the chunk, full
-        #    view of the cached prefix before it.
-        query_pos = torch.arange(context_len - num_queries, context_len, device=q.device)
-        mask = torch.arange(context_len, device=q.device)[None, :] <= query_pos[:, None]
-        seq_out = attention(
-            q[q_start:q_end].transpose(0, 1)[None],  # (1, H, T, D)
-            keys.transpose(0, 1)[None],  # (1, H_kv, L, D)
-            values.transpose(0, 1)[None],
-            mask[None],  # (1, T, L)
+    num_queries = meta.query_start_loc[1:] - meta.query_start_loc[:-1]  # (S,)
+    # 1. Decode: one new token per sequence.  The common case once prompts are in, so all
+    #    decoding sequences are gathered and attended in one batch.
+    decoding = (num_queries == 1).nonzero().flatten()
+    if len(decoding):
+        rows = meta.query_start_loc[decoding]  # the token row of each decoding sequence
+        out[rows] = _decode_attention(
+            q[rows], k_cache, v_cache, meta.block_tables[decoding], meta.context_lens[decoding]
         )
-        out[q_start:q_end] = seq_out[0].transpose(0, 1)
+    # 2. Prompts and prompt chunks: one sequence at a time.
+    for i in (num_queries > 1).nonzero().flatten().tolist():
+        start, end = meta.query_start_loc[i].item(), meta.query_start_loc[i + 1].item()
+        out[start:end] = _chunk_attention(
+            q[start:end], k_cache, v_cache, meta.block_tables[i], meta.context_lens[i].item()
+        )
     return out
+
+
+def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """(num_blocks, block_size, H_kv, D) cache, (S, W) block ids -> (S, W * block_size, H_kv, D)
+    keys or values of each sequence in token order (positions past its length are junk)."""
+    return cache[block_tables].flatten(1, 2)
+
+
+def _decode_attention(q, k_cache, v_cache, block_tables, context_lens) -> torch.Tensor:
+    """q: (S, H, D), one query per sequence, at the last position of its context -> (S, H, D)."""
+    keys = _gather(k_cache, block_tables)  # (S, L, H_kv, D)
+    values = _gather(v_cache, block_tables)
+    valid = torch.arange(keys.shape[1], device=q.device)[None, :] < context_lens[:, None]  # (S, L)
+    # Slots past a sequence's length hold whatever an earlier request left there: masked out
+    # of the scores, and zeroed so that even a NaN left behind cannot leak through 0 * NaN.
+    values = values.masked_fill(~valid[:, :, None, None], 0)
+    out = attention(
+        q[:, :, None, :],  # (S, H, 1, D)
+        keys.transpose(1, 2),  # (S, H_kv, L, D)
+        values.transpose(1, 2),
+        valid[:, None, :],  # (S, 1, L)
+    )
+    return out[:, :, 0, :]
+
+
+def _chunk_attention(q, k_cache, v_cache, block_table, context_len: int) -> torch.Tensor:
+    """q: (T, H, D), the last T tokens of a sequence of `context_len` -> (T, H, D)."""
+    keys = _gather(k_cache, block_table[None])[0, :context_len]  # (L, H_kv, D)
+    values = _gather(v_cache, block_table[None])[0, :context_len]
+    # The queries are the last T positions: causal within the chunk, full view of the cached
+    # prefix before it.
+    T = q.shape[0]
+    query_pos = torch.arange(context_len - T, context_len, device=q.device)
+    mask = torch.arange(context_len, device=q.device)[None, :] <= query_pos[:, None]  # (T, L)
+    out = attention(
+        q.transpose(0, 1)[None],  # (1, H, T, D)
+        keys.transpose(0, 1)[None],  # (1, H_kv, L, D)
+        values.transpose(0, 1)[None],
+        mask[None],  # (1, T, L)
+    )
+    return out[0].transpose(0, 1)
 
 
 class PagedAttention:

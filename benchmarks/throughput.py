@@ -1,0 +1,434 @@
+"""Output tokens/s on the workload small-engine projects compare on, against `transformers`.
+
+A Qwen3-0.6B configuration (shapes from `models/known_configs.py`) with random weights, so
+nothing is downloaded; greedy decoding, EOS ignored, seed 0 for everything:
+
+    A. 256 requests, input lengths uniform in [100, 1024], output lengths uniform in [100, 1024]
+       (nano-vllm's bench.py workload)                        -> minilm-engine
+    B. the same prompts, 256 output tokens each               -> minilm-engine,
+       `transformers.generate` in static batches of 64 (left padding, each batch runs 256 steps),
+       and `transformers`' own continuous batching (`model.generate_batch`)
+    C. batch-1 decode tokens/s of one request, against the bandwidth ceiling
+       (measured copy bandwidth / weight bytes: every weight is read once per token)
+
+Every run is warmed up first (Triton compiles its kernels; transformers captures CUDA graphs),
+then timed once: output tokens / wall time of the whole run, prefill included.  Results are
+printed as they come and, with --json, rewritten to a file after each run, so a run stopped by a
+time limit keeps what it measured.  Both engines get the same KV-cache budget in bytes.
+
+    python benchmarks/throughput.py                    # a GPU: a few minutes
+    python benchmarks/throughput.py --quick            # a tiny config, 8 requests: CPU, ~1 minute
+    python benchmarks/throughput.py --skip-hf          # minilm-engine only
+    python benchmarks/throughput.py --json results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import logging
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from minilm_engine import LLM, SamplingParams
+from minilm_engine.experiments.batching import measure_copy_bandwidth, weight_bytes
+from minilm_engine.models.known_configs import KNOWN_CONFIGS
+from minilm_engine.models.loader import read_config, resolve_model_path
+
+MODEL_ID = "Qwen/Qwen3-0.6B"
+# --quick: the same family, tiny, so every path (transformers' included) runs on a CPU.
+QUICK_OVERRIDES = dict(
+    vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+    bos_token_id=1, eos_token_id=2,
+)
+QUICK_DEFAULTS = dict(
+    num_requests=8, min_input=16, max_input=64, min_output=16, max_output=48, fixed_output=16,
+    hf_batch=4, max_num_batched_tokens=256, batch1_tokens=32, hf_page_size=32,
+)
+
+
+@dataclass
+class Workload:
+    name: str
+    prompts: list[list[int]]  # token ids
+    output_lens: list[int]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+    def describe(self) -> str:
+        ins = [len(p) for p in self.prompts]
+        outs = self.output_lens
+        return (f"{self.name}: {len(ins)} requests, input {min(ins)}-{max(ins)} tokens (sum {sum(ins):,}), "
+                f"output {min(outs)}-{max(outs)} tokens (sum {sum(outs):,})")
+
+
+@dataclass
+class Result:
+    system: str
+    workload: str
+    num_output_tokens: int
+    seconds: float
+    note: str = ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_output_tokens / self.seconds
+
+
+def make_workloads(args, vocab_size: int) -> tuple[Workload, Workload]:
+    rng = random.Random(args.seed)
+    lens = [rng.randint(args.min_input, args.max_input) for _ in range(args.num_requests)]
+    prompts = [[rng.randrange(vocab_size) for _ in range(n)] for n in lens]
+    outs = [rng.randint(args.min_output, args.max_output) for _ in range(args.num_requests)]
+    return (Workload("A (random outputs)", prompts, outs),
+            Workload(f"B ({args.fixed_output} out each)", prompts, [args.fixed_output] * len(prompts)))
+
+
+# -- the model -------------------------------------------------------------------------------
+
+
+def hf_config(quick: bool):
+    from transformers import Qwen3Config
+
+    fields = {k: v for k, v in KNOWN_CONFIGS[MODEL_ID].items() if k not in ("architectures", "torch_dtype")}
+    if quick:
+        fields.update(QUICK_OVERRIDES)
+    return Qwen3Config(**fields)
+
+
+def build_checkpoint(config, folder: Path, device: torch.device, dtype: torch.dtype, seed: int):
+    """Random Qwen3 weights written with `save_pretrained`, plus a tokenizer (any one will do: the
+    prompts are token ids, and ids the tokenizer does not know decode to nothing)."""
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config)
+    model = model.to(dtype).eval()
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(resolve_model_path("noodle-chef")).save_pretrained(folder)
+    return model
+
+
+def kv_budget_bytes(args, kv_bytes_per_token: int, workload: Workload, device: torch.device) -> int:
+    """Room for every request at full length, capped at a share of the free GPU memory."""
+    needed = sum(len(p) + args.max_output for p in workload.prompts) * kv_bytes_per_token
+    if device.type != "cuda":
+        return min(needed, 1 << 30)
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(min(1.1 * needed, args.kv_memory_fraction * free))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- minilm-engine -------------------------------------------------------------------------
+
+
+def run_minilm(llm: LLM, workload: Workload, device) -> Result:
+    prompts = [{"prompt_token_ids": p} for p in workload.prompts]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
+    sync(device)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    sync(device)
+    seconds = time.perf_counter() - start
+    num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return Result("minilm-engine", workload.name, num_tokens, seconds, check_count(num_tokens, workload))
+
+
+def minilm_batch1_tokens_per_s(llm: LLM, prompt: list[int], num_tokens: int) -> float:
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
+    (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    return 1 / out.metrics.tpot  # decode steps only: the mean gap between tokens
+
+
+def check_count(num_tokens: int, workload: Workload) -> str:
+    expected = workload.num_output_tokens
+    return "" if num_tokens == expected else f"produced {num_tokens} of {expected} tokens!"
+
+
+# -- transformers ----------------------------------------------------------------------------
+
+
+def hf_generate_static(model, workload: Workload, batch_size: int, device, pad_id: int = 0) -> Result:
+    """`model.generate` on left-padded batches in request order; each batch runs its longest output."""
+    from transformers import GenerationConfig
+
+    num_tokens = 0
+    sync(device)
+    start = time.perf_counter()
+    for i in range(0, len(workload.prompts), batch_size):
+        prompts = workload.prompts[i : i + batch_size]
+        n = max(workload.output_lens[i : i + batch_size])
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                  pad_token_id=pad_id, eos_token_id=model.config.eos_token_id)
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        num_tokens += (out.shape[1] - width) * len(prompts)
+    sync(device)
+    seconds = time.perf_counter() - start
+    return Result(f"transformers.generate (static, batch {batch_size})", workload.name, num_tokens, seconds,
+                  check_count(num_tokens, workload))
+
+
+def hf_batch1_tokens_per_s(model, prompt: list[int], num_tokens: int, device) -> float:
+    """Decode tokens/s of one request: (time for n tokens - time for 1) / (n - 1)."""
+    from transformers import GenerationConfig
+
+    ids = torch.tensor([prompt], device=device)
+
+    def timed(n: int) -> float:
+        config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                                  eos_token_id=model.config.eos_token_id)
+        sync(device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        sync(device)
+        return time.perf_counter() - start
+
+    timed(2)  # warm-up
+    return (num_tokens - 1) / (timed(num_tokens) - timed(1))
+
+
+def hf_continuous_batching(model, workload: Workload, args, kv_budget: int, kv_bytes_per_token: int,
+                           device) -> Result:
+    """`model.generate_batch`, with an explicit KV-cache size and token budget (left to itself it
+    sizes its cache from free memory).  A warm-up call with a persistent manager captures the
+    CUDA graphs; the timed call reuses that manager."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    page_size = args.hf_page_size
+    cb_config = ContinuousBatchingConfig(
+        page_size=page_size,
+        num_blocks=max(1, kv_budget // (page_size * kv_bytes_per_token)),
+        max_batch_tokens=args.max_num_batched_tokens,
+        max_requests_per_batch=args.max_num_seqs,
+        # Flash attention only if it is installed here; otherwise transformers may try to fetch
+        # a kernel from the hub, and the benchmark machine may be offline.
+        auto_switch_to_flash=importlib.util.find_spec("flash_attn") is not None,
+    )
+    n = workload.output_lens[0]
+    assert all(m == n for m in workload.output_lens), "generate_batch takes one max_new_tokens"
+    gen_config = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=-1)  # -1: no EOS
+    # Its logger warns that a persistent manager is sized for its first workload: we size it.
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
+    try:
+        with torch.inference_mode():
+            model.generate_batch(inputs=workload.prompts[:4], generation_config=gen_config,
+                                 continuous_batching_config=cb_config, persistent_manager=True)
+            sync(device)
+            start = time.perf_counter()
+            results = model.generate_batch(inputs=workload.prompts, generation_config=gen_config,
+                                           continuous_batching_config=cb_config, persistent_manager=True)
+            sync(device)
+            seconds = time.perf_counter() - start
+    finally:
+        model.destroy_cached_continuous_batching_manager()
+    num_tokens = sum(len(r.generated_tokens) for r in results.values())
+    note = check_count(num_tokens, workload)
+    note += f" attention: {model.config._attn_implementation}, {cb_config.num_blocks} blocks of {page_size}"
+    return Result("transformers generate_batch (continuous)", workload.name, num_tokens, seconds, note.strip())
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--min-input", type=int, default=100)
+    p.add_argument("--max-input", type=int, default=1024)
+    p.add_argument("--min-output", type=int, default=100)
+    p.add_argument("--max-output", type=int, default=1024)
+    p.add_argument("--fixed-output", type=int, default=256, help="output tokens of workload B")
+    p.add_argument("--hf-batch", type=int, default=64, help="static batch size of transformers.generate")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--batch1-tokens", type=int, default=256, help="output tokens of the batch-1 run")
+    p.add_argument("--kv-memory-fraction", type=float, default=0.3,
+                   help="most of the free GPU memory each engine's KV cache may take")
+    p.add_argument("--hf-page-size", type=int, default=256, help="tokens per block of transformers' cache")
+    p.add_argument("--skip-hf", action="store_true", help="run minilm-engine only")
+    p.add_argument("--skip-a", action="store_true", help="skip workload A (the longest run)")
+    p.add_argument("--quick", action="store_true", help="a tiny config and 8 short requests (CPU smoke test)")
+    p.add_argument("--json", type=Path, default=None, help="write results here after every run")
+    p.add_argument("--seed", type=int, default=0)
+    # --quick changes the defaults only: `--quick --num-requests 64` still means 64 requests.
+    if p.parse_known_args(argv)[0].quick:
+        p.set_defaults(**QUICK_DEFAULTS)
+    args = p.parse_args(argv)
+    args.max_num_seqs = min(args.max_num_seqs, args.num_requests)
+    return args
+
+
+def versions() -> dict[str, str]:
+    import transformers
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:
+        out["triton"] = "not installed"
+    return out
+
+
+class Report:
+    """Collects results, prints each one, rewrites --json after each."""
+
+    def __init__(self, path: Path | None, header: dict):
+        self.path, self.header, self.results, self.extra = path, header, [], {}
+
+    def add(self, result: Result) -> Result:
+        self.results.append(result)
+        print(f"  {result.system:<44} {result.workload:<22} {result.num_output_tokens:>8,} tokens "
+              f"{result.seconds:8.2f} s {result.tokens_per_s:10,.0f} tok/s {result.note}", flush=True)
+        self.save()
+        return result
+
+    def set(self, **values) -> None:
+        self.extra.update(values)
+        self.save()
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        data = {**self.header, **self.extra,
+                "results": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in self.results]}
+        self.path.write_text(json.dumps(data, indent=2))
+
+    def table(self) -> None:
+        print("\n" + "=" * 100)
+        for key, value in self.header.items():
+            print(f"{key:>14}: {value}")
+        print("-" * 100)
+        print(f"{'run':<44} {'workload':<22} {'out tokens':>10} {'time s':>8} {'out tok/s':>10} {'vs this':>8}")
+        ours = {r.workload: r for r in self.results if r.system.startswith("minilm")}
+        for r in self.results:
+            ref = ours.get(r.workload)
+            ratio = f"{ref.tokens_per_s / r.tokens_per_s:7.2f}x" if ref is not None and r is not ref else ""
+            print(f"{r.system:<44} {r.workload:<22} {r.num_output_tokens:>10,} {r.seconds:8.2f} "
+                  f"{r.tokens_per_s:10,.0f} {ratio:>8}")
+        print("('vs this': minilm-engine's tokens/s divided by this run's, same workload)")
+        b1 = self.extra
+        if "ceiling_tokens_per_s" in b1:
+            print("-" * 100)
+            print(f"batch-1 decode ceiling: {b1['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth / "
+                  f"{b1['weight_GB']:.2f} GB of weights = {b1['ceiling_tokens_per_s']:,.0f} tokens/s")
+            for name in ("minilm_batch1_tokens_per_s", "hf_batch1_tokens_per_s"):
+                if name in b1:
+                    who = "minilm-engine" if name.startswith("minilm") else "transformers.generate"
+                    print(f"batch-1 decode, {who:<22} {b1[name]:8,.0f} tokens/s = "
+                          f"{b1[name] / b1['ceiling_tokens_per_s']:6.1%} of the ceiling")
+        print("=" * 100)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(int(os.environ.get("MINILM_THREADS", "1")))  # tiny matmuls, busy cores
+    dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else (
+        torch.float16 if device.type == "cuda" else torch.float32)
+    config = hf_config(args.quick)
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
+    workload_a, workload_b = make_workloads(args, config.vocab_size)
+    print(workload_a.describe())
+    print(workload_b.describe())
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "qwen3-random"
+        t0 = time.perf_counter()
+        hf_model = build_checkpoint(config, folder, device, dtype, args.seed)
+        print(f"random {'tiny ' if args.quick else ''}Qwen3 checkpoint written in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        kv_bytes_per_token = read_config(folder).kv_bytes_per_token(dtype.itemsize)
+        kv_budget = kv_budget_bytes(args, kv_bytes_per_token, workload_a, device)
+        llm = LLM(
+            folder, device=device, dtype=dtype, seed=args.seed,
+            max_model_len=args.max_input + max(args.max_output, args.fixed_output, args.batch1_tokens) + 1,
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+            kv_cache_memory=kv_budget,
+        )
+    engine = llm.engine
+    header = {
+        "hardware": hardware,
+        **versions(),
+        "model": (f"{MODEL_ID} config{' (tiny, --quick)' if args.quick else ''}, random weights, "
+                  f"{llm.num_parameters / 1e6:.3g}M parameters, {str(dtype).removeprefix('torch.')}"),
+        "minilm-engine": (f"attention backend {engine.attention_backend.name}, max_num_seqs {args.max_num_seqs}, "
+                          f"max_num_batched_tokens {args.max_num_batched_tokens}, KV cache "
+                          f"{engine.block_pool.num_blocks} blocks x {engine.block_manager.block_size} tokens "
+                          f"= {kv_budget / 2**20:,.0f} MiB"),
+        "workload A": workload_a.describe().split(": ", 1)[1],
+        "workload B": workload_b.describe().split(": ", 1)[1],
+    }
+    report = Report(args.json, header)
+    print(f"minilm-engine: {header['minilm-engine']}", flush=True)
+
+    # Warm-up: Triton compiles its kernels on first use (one compile per shape class).
+    warm = Workload("warm-up", workload_b.prompts[:4], [8] * 4)
+    run_minilm(llm, warm, device)
+
+    # B first: the comparison with transformers is what this benchmark is for.
+    report.add(run_minilm(llm, workload_b, device))
+    if not args.skip_hf:
+        hf_generate_static(hf_model, Workload("warm-up", workload_b.prompts[:2], [4, 4]), 2, device)
+        report.add(hf_generate_static(hf_model, workload_b, args.hf_batch, device))
+        try:
+            report.add(hf_continuous_batching(hf_model, workload_b, args, kv_budget, kv_bytes_per_token, device))
+        except Exception as e:  # an API change or an unsupported setup: say so, keep the rest
+            print(f"  transformers generate_batch failed: {type(e).__name__}: {e}", flush=True)
+            report.set(hf_generate_batch_error=f"{type(e).__name__}: {e}")
+
+    # C: batch-1 decode against the bandwidth ceiling.
+    bandwidth = measure_copy_bandwidth(num_bytes=1 << (30 if device.type == "cuda" else 26), device=device)
+    num_weight_bytes = weight_bytes(llm.model)
+    report.set(copy_bandwidth_GBps=bandwidth / 1e9, weight_GB=num_weight_bytes / 1e9,
+               ceiling_tokens_per_s=bandwidth / num_weight_bytes)
+    prompt = workload_b.prompts[0]
+    report.set(minilm_batch1_tokens_per_s=minilm_batch1_tokens_per_s(llm, prompt, args.batch1_tokens))
+    print(f"  batch-1 decode, minilm-engine: {report.extra['minilm_batch1_tokens_per_s']:,.0f} tokens/s "
+          f"(ceiling {report.extra['ceiling_tokens_per_s']:,.0f})", flush=True)
+    if not args.skip_hf:
+        report.set(hf_batch1_tokens_per_s=hf_batch1_tokens_per_s(hf_model, prompt, args.batch1_tokens, device))
+        print(f"  batch-1 decode, transformers.generate: {report.extra['hf_batch1_tokens_per_s']:,.0f} tokens/s",
+              flush=True)
+    del hf_model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    # A last: the longest run.
+    if not args.skip_a:
+        report.add(run_minilm(llm, workload_a, device))
+    report.table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
