@@ -16,6 +16,8 @@ import argparse
 
 import torch
 
+from common import add_threads_option, apply_threads_option
+
 from minilm_engine import LLM
 from minilm_engine.data.noodle_corpus import sample_prompts
 from minilm_engine.experiments.kv_growth import (
@@ -33,11 +35,9 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 64, 128, 256])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (1: small models gain nothing from more, and "
-                             "a busy machine makes extra threads very slow)")
+    add_threads_option(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    apply_threads_option(args)
 
     llms = {s: LLM(args.model, device=args.device, strategy=s) for s in ("no_cache", "kv_cache")}
     ref = llms["kv_cache"]

@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from common import add_threads_option, apply_threads_option
+
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.data.noodle_corpus import SYSTEM_PROMPT, generate_documents, sample_prompts
 from minilm_engine.experiments.workloads import LengthMix, draw_output_lens, mixed_workload
@@ -161,11 +163,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (1: small models gain nothing from more, and "
-                             "a busy machine makes extra threads very slow)")
+    add_threads_option(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    apply_threads_option(args)
     args.batch = 8
     args.num_requests = 16 if args.quick else 48
     args.capacity_blocks = 256 if args.quick else 512
