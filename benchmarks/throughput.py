@@ -14,7 +14,9 @@ nothing is downloaded; greedy decoding, EOS ignored, seed 0 for everything:
 Every run is warmed up first (Triton compiles its kernels; transformers captures CUDA graphs),
 then timed once: output tokens / wall time of the whole run, prefill included.  Results are
 printed as they come and, with --json, rewritten to a file after each run, so a run stopped by a
-time limit keeps what it measured.  Both engines get the same KV-cache budget in bytes.
+time limit keeps what it measured, and a run that fails is reported and skipped.  Both engines
+get a KV cache with room for all of workload B at once (minilm-engine: for all of A, if the
+GPU has room), and the same token budget per step (8192) and batch limit (256 requests).
 
     python benchmarks/throughput.py                    # a GPU: a few minutes
     python benchmarks/throughput.py --quick            # a tiny config, 8 requests: CPU, ~1 minute
@@ -39,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from common import add_threads_option, apply_threads_option
 
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.experiments.batching import measure_copy_bandwidth, weight_bytes
@@ -124,8 +127,9 @@ def build_checkpoint(config, folder: Path, device: torch.device, dtype: torch.dt
 
 
 def kv_budget_bytes(args, kv_bytes_per_token: int, workload: Workload, device: torch.device) -> int:
-    """Room for every request at full length, capped at a share of the free GPU memory."""
-    needed = sum(len(p) + args.max_output for p in workload.prompts) * kv_bytes_per_token
+    """Room for every request of `workload` at its full length (no preemption), capped at a
+    share of the free GPU memory (1 GiB on a CPU)."""
+    needed = sum(len(p) + n for p, n in zip(workload.prompts, workload.output_lens)) * kv_bytes_per_token
     if device.type != "cuda":
         return min(needed, 1 << 30)
     free, _ = torch.cuda.mem_get_info(device)
@@ -219,24 +223,27 @@ def hf_continuous_batching(model, workload: Workload, args, kv_budget: int, kv_b
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     page_size = args.hf_page_size
+    n = workload.output_lens[0]
+    assert all(m == n for m in workload.output_lens), "generate_batch takes one max_new_tokens"
+    longest = max(len(p) for p in workload.prompts) + n
     cb_config = ContinuousBatchingConfig(
         page_size=page_size,
         num_blocks=max(1, kv_budget // (page_size * kv_bytes_per_token)),
         max_batch_tokens=args.max_num_batched_tokens,
         max_requests_per_batch=args.max_num_seqs,
+        max_blocks_per_request=-(-longest // page_size),  # else guessed from the first call's prompts
         # Flash attention only if it is installed here; otherwise transformers may try to fetch
         # a kernel from the hub, and the benchmark machine may be offline.
         auto_switch_to_flash=importlib.util.find_spec("flash_attn") is not None,
     )
-    n = workload.output_lens[0]
-    assert all(m == n for m in workload.output_lens), "generate_batch takes one max_new_tokens"
-    gen_config = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=-1)  # -1: no EOS
     # Its logger warns that a persistent manager is sized for its first workload: we size it.
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
     try:
         with torch.inference_mode():
-            model.generate_batch(inputs=workload.prompts[:4], generation_config=gen_config,
+            warm = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=-1)  # -1: no EOS
+            model.generate_batch(inputs=workload.prompts[:4], generation_config=warm,
                                  continuous_batching_config=cb_config, persistent_manager=True)
+            gen_config = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=-1)
             sync(device)
             start = time.perf_counter()
             results = model.generate_batch(inputs=workload.prompts, generation_config=gen_config,
@@ -270,11 +277,15 @@ def parse_args(argv=None):
     p.add_argument("--kv-memory-fraction", type=float, default=0.3,
                    help="most of the free GPU memory each engine's KV cache may take")
     p.add_argument("--hf-page-size", type=int, default=256, help="tokens per block of transformers' cache")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="minilm-engine's attention (auto: Triton on a GPU; on a CPU 'triton' needs "
+                        "TRITON_INTERPRET=1, slow)")
     p.add_argument("--skip-hf", action="store_true", help="run minilm-engine only")
     p.add_argument("--skip-a", action="store_true", help="skip workload A (the longest run)")
     p.add_argument("--quick", action="store_true", help="a tiny config and 8 short requests (CPU smoke test)")
     p.add_argument("--json", type=Path, default=None, help="write results here after every run")
     p.add_argument("--seed", type=int, default=0)
+    add_threads_option(p)
     # --quick changes the defaults only: `--quick --num-requests 64` still means 64 requests.
     if p.parse_known_args(argv)[0].quick:
         p.set_defaults(**QUICK_DEFAULTS)
@@ -301,6 +312,19 @@ class Report:
 
     def __init__(self, path: Path | None, header: dict):
         self.path, self.header, self.results, self.extra = path, header, [], {}
+        self.errors: dict[str, str] = {}
+
+    def attempt(self, label: str, fn) -> None:
+        """Run one step of the benchmark; a failure is printed and recorded, not raised."""
+        start = time.perf_counter()
+        try:
+            fn()
+        except Exception as e:  # an API change, an out-of-memory: say so and go on
+            self.errors[label] = f"{type(e).__name__}: {e}"[:500]
+            print(f"  {label} FAILED: {self.errors[label]}", flush=True)
+            self.save()
+            return
+        print(f"  ({label}: {time.perf_counter() - start:.1f} s)", flush=True)
 
     def add(self, result: Result) -> Result:
         self.results.append(result)
@@ -311,12 +335,13 @@ class Report:
 
     def set(self, **values) -> None:
         self.extra.update(values)
+        print("  " + ", ".join(f"{k} = {v:,.4g}" for k, v in values.items()), flush=True)
         self.save()
 
     def save(self) -> None:
         if self.path is None:
             return
-        data = {**self.header, **self.extra,
+        data = {**self.header, **self.extra, "errors": self.errors,
                 "results": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in self.results]}
         self.path.write_text(json.dumps(data, indent=2))
 
@@ -337,20 +362,21 @@ class Report:
         if "ceiling_tokens_per_s" in b1:
             print("-" * 100)
             print(f"batch-1 decode ceiling: {b1['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth / "
-                  f"{b1['weight_GB']:.2f} GB of weights = {b1['ceiling_tokens_per_s']:,.0f} tokens/s")
+                  f"{b1['weight_GB']:.3g} GB of weights = {b1['ceiling_tokens_per_s']:,.0f} tokens/s")
             for name in ("minilm_batch1_tokens_per_s", "hf_batch1_tokens_per_s"):
                 if name in b1:
                     who = "minilm-engine" if name.startswith("minilm") else "transformers.generate"
                     print(f"batch-1 decode, {who:<22} {b1[name]:8,.0f} tokens/s = "
                           f"{b1[name] / b1['ceiling_tokens_per_s']:6.1%} of the ceiling")
+        for label, error in self.errors.items():
+            print(f"FAILED {label}: {error}")
         print("=" * 100)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
-    if device.type == "cpu":
-        torch.set_num_threads(int(os.environ.get("MINILM_THREADS", "1")))  # tiny matmuls, busy cores
+    apply_threads_option(args)
     dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else (
         torch.float16 if device.type == "cuda" else torch.float32)
     config = hf_config(args.quick)
@@ -368,11 +394,13 @@ def main(argv=None) -> int:
               flush=True)
         kv_bytes_per_token = read_config(folder).kv_bytes_per_token(dtype.itemsize)
         kv_budget = kv_budget_bytes(args, kv_bytes_per_token, workload_a, device)
+        # transformers runs B only: room for all of B at once, as minilm-engine has.
+        hf_kv_budget = min(kv_budget, kv_budget_bytes(args, kv_bytes_per_token, workload_b, device))
         llm = LLM(
             folder, device=device, dtype=dtype, seed=args.seed,
             max_model_len=args.max_input + max(args.max_output, args.fixed_output, args.batch1_tokens) + 1,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-            kv_cache_memory=kv_budget,
+            kv_cache_memory=kv_budget, attention_backend=args.attention_backend,
         )
     engine = llm.engine
     header = {
@@ -383,51 +411,53 @@ def main(argv=None) -> int:
         "minilm-engine": (f"attention backend {engine.attention_backend.name}, max_num_seqs {args.max_num_seqs}, "
                           f"max_num_batched_tokens {args.max_num_batched_tokens}, KV cache "
                           f"{engine.block_pool.num_blocks} blocks x {engine.block_manager.block_size} tokens "
-                          f"= {kv_budget / 2**20:,.0f} MiB"),
+                          f"= {kv_budget / 2**20:,.1f} MiB"),
         "workload A": workload_a.describe().split(": ", 1)[1],
         "workload B": workload_b.describe().split(": ", 1)[1],
     }
     report = Report(args.json, header)
     print(f"minilm-engine: {header['minilm-engine']}", flush=True)
+    if args.skip_hf:
+        del hf_model
+        hf_model = None
 
-    # Warm-up: Triton compiles its kernels on first use (one compile per shape class).
-    warm = Workload("warm-up", workload_b.prompts[:4], [8] * 4)
-    run_minilm(llm, warm, device)
+    # Warm-up: Triton compiles its kernels on first use.
+    report.attempt("minilm-engine warm-up", lambda: run_minilm(llm, Workload("warm-up", workload_b.prompts[:4], [8] * 4), device))
 
     # B first: the comparison with transformers is what this benchmark is for.
-    report.add(run_minilm(llm, workload_b, device))
-    if not args.skip_hf:
-        hf_generate_static(hf_model, Workload("warm-up", workload_b.prompts[:2], [4, 4]), 2, device)
-        report.add(hf_generate_static(hf_model, workload_b, args.hf_batch, device))
-        try:
-            report.add(hf_continuous_batching(hf_model, workload_b, args, kv_budget, kv_bytes_per_token, device))
-        except Exception as e:  # an API change or an unsupported setup: say so, keep the rest
-            print(f"  transformers generate_batch failed: {type(e).__name__}: {e}", flush=True)
-            report.set(hf_generate_batch_error=f"{type(e).__name__}: {e}")
+    report.attempt("minilm-engine on B", lambda: report.add(run_minilm(llm, workload_b, device)))
+    if hf_model is not None:
+        warm = Workload("warm-up", workload_b.prompts[:2], [4, 4])
+        report.attempt("transformers.generate warm-up", lambda: hf_generate_static(hf_model, warm, 2, device))
+        report.attempt("transformers.generate on B",
+                       lambda: report.add(hf_generate_static(hf_model, workload_b, args.hf_batch, device)))
+        report.attempt("transformers generate_batch on B", lambda: report.add(hf_continuous_batching(
+            hf_model, workload_b, args, hf_kv_budget, kv_bytes_per_token, device)))
 
     # C: batch-1 decode against the bandwidth ceiling.
-    bandwidth = measure_copy_bandwidth(num_bytes=1 << (30 if device.type == "cuda" else 26), device=device)
-    num_weight_bytes = weight_bytes(llm.model)
-    report.set(copy_bandwidth_GBps=bandwidth / 1e9, weight_GB=num_weight_bytes / 1e9,
-               ceiling_tokens_per_s=bandwidth / num_weight_bytes)
+    def ceiling():
+        bandwidth = measure_copy_bandwidth(num_bytes=1 << (30 if device.type == "cuda" else 26), device=device)
+        num_weight_bytes = weight_bytes(llm.model)
+        report.set(copy_bandwidth_GBps=bandwidth / 1e9, weight_GB=num_weight_bytes / 1e9,
+                   ceiling_tokens_per_s=bandwidth / num_weight_bytes)
+
     prompt = workload_b.prompts[0]
-    report.set(minilm_batch1_tokens_per_s=minilm_batch1_tokens_per_s(llm, prompt, args.batch1_tokens))
-    print(f"  batch-1 decode, minilm-engine: {report.extra['minilm_batch1_tokens_per_s']:,.0f} tokens/s "
-          f"(ceiling {report.extra['ceiling_tokens_per_s']:,.0f})", flush=True)
-    if not args.skip_hf:
-        report.set(hf_batch1_tokens_per_s=hf_batch1_tokens_per_s(hf_model, prompt, args.batch1_tokens, device))
-        print(f"  batch-1 decode, transformers.generate: {report.extra['hf_batch1_tokens_per_s']:,.0f} tokens/s",
-              flush=True)
-    del hf_model
+    report.attempt("copy bandwidth", ceiling)
+    report.attempt("minilm-engine batch-1", lambda: report.set(
+        minilm_batch1_tokens_per_s=minilm_batch1_tokens_per_s(llm, prompt, args.batch1_tokens)))
+    if hf_model is not None:
+        report.attempt("transformers batch-1", lambda: report.set(
+            hf_batch1_tokens_per_s=hf_batch1_tokens_per_s(hf_model, prompt, args.batch1_tokens, device)))
+        del hf_model
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
     # A last: the longest run.
     if not args.skip_a:
-        report.add(run_minilm(llm, workload_a, device))
+        report.attempt("minilm-engine on A", lambda: report.add(run_minilm(llm, workload_a, device)))
     report.table()
-    return 0
+    return 1 if report.errors else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the CPU (conftest.py sets TRITON_INTERPRET=1 first), natively on a GPU.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -155,6 +156,6 @@ def test_online_softmax_equals_softmax_whatever_the_tile(block_n):
     assert len(steps) == math.ceil(37 / block_n) and steps[0].alpha == 0.0
     assert steps[-1].m == float(scores.max())
     # The running maximum never falls, and alpha < 1 exactly when a tile raised it.
-    for before, after in zip(steps, steps[1:]):
+    for before, after in itertools.pairwise(steps):
         assert after.m >= before.m
         assert (after.alpha < 1) == (after.tile_max > before.m)

@@ -13,7 +13,10 @@ before triton is first imported.
     key_locations(block_table, block_size, context_len)   where the kernel finds each key
     online_softmax(scores, values, block_n)     the kernel's running max / sum, tile by tile
     random_paged_batch(...) -> PagedBatch       a random decode step in a shuffled, NaN-guarded pool
+    with_contiguous_blocks(batch)               the same step, blocks renumbered in token order
+    time_decode_kernel(batch)                   seconds per kernel call (do_bench on a GPU)
     measure_decode_bandwidth(...)               achieved bytes/s of the kernel (meant for a GPU)
+    decode_kv_bytes_exercise                    appendix A1's exercise (reference: decode_kv_bytes)
 
 A decode step is memory-bound: per key position and K/V head the kernel loads 2 * D numbers
 (a key and a value) and does 4 * G * D FLOPs with them (G query heads, q.k and p*v), so it does
@@ -151,8 +154,7 @@ class PagedBatch:
 
     def traffic(self) -> DecodeTraffic:
         """Bytes the decode kernel moves for this batch, summed over its real context lengths."""
-        _, num_heads, head_dim = self.q.shape
-        num_kv_heads = self.k_cache.shape[2]
+        num_kv_heads, head_dim = self.k_cache.shape[2], self.k_cache.shape[3]
         total_context = int(self.meta.context_lens.sum())  # as one sequence of all their tokens
         kv_bytes = decode_kv_bytes(1, total_context, num_kv_heads, head_dim, self.q.dtype)
         q_bytes = self.q.numel() * self.q.element_size()

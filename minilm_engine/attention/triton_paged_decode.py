@@ -57,7 +57,7 @@ def paged_decode_kernel(
     context_len = tl.load(context_lens_ptr + seq)
 
     # 1. This sequence's query, for the G query heads that read K/V head `kv_head`
-    #    (the reference's `repeat_interleave`: query head h uses K/V head h // G).
+    #    (as in the reference `attention`: query head h uses K/V head h // G).
     group = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, BLOCK_D)
     heads = kv_head * num_queries_per_kv + group
@@ -76,7 +76,7 @@ def paged_decode_kernel(
     positions = tl.arange(0, BLOCK_N)
     for start in range(0, context_len, BLOCK_N):
         # 2a. Gather the tile's keys and values through the block table: the reference's
-        #     `k_cache[blocks].flatten(0, 1)[:context_len]`, one position at a time.
+        #     `_gather(k_cache, block_tables)` (masked at context_len), one position at a time.
         pos = start + positions
         mask_n = pos < context_len
         block = tl.load(block_tables_ptr + seq * stride_table_seq + pos // block_size, mask=mask_n, other=0)

@@ -61,7 +61,7 @@ def paged_prefill_kernel(
     if tile * BLOCK_M >= num_queries:
         return  # the grid is sized for the longest chunk of the step; this one is shorter
     context_len = tl.load(context_lens_ptr + seq)
-    kv_head = head // num_queries_per_kv  # the reference's `repeat_interleave`, read backwards
+    kv_head = head // num_queries_per_kv  # query head h uses K/V head h // group, as in `attention`
 
     # 1. The query tile: queries tile*BLOCK_M .. of this sequence's chunk, and their positions
     #    (the reference's `query_pos = arange(context_len - num_queries, context_len)`).

@@ -191,7 +191,7 @@ class LLMEngine:
                 num_running=len(self.scheduler.running),
                 num_blocks=pool.num_blocks,
                 num_used_blocks=pool.num_used_blocks,
-                num_cached_blocks=sum(b.ref_cnt == 0 and b.block_hash is not None for b in pool.blocks),
+                num_cached_blocks=pool.num_cached_free_blocks,
                 block_tables={
                     r.request_id: self.block_manager.get_block_table(r.request_id)
                     for r in self.scheduler.running

@@ -136,6 +136,11 @@ class BlockPool:
         return len(self.cached_blocks)
 
     @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a reusable prefix (evicted only when needed)."""
+        return sum(1 for block in self.cached_blocks.values() if block.ref_cnt == 0)
+
+    @property
     def usage(self) -> float:
         """Fraction of blocks in use, from 0.0 to 1.0; cached-free blocks count as free."""
         return self.num_used_blocks / self.num_blocks
