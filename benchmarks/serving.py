@@ -166,8 +166,8 @@ def main() -> None:
     add_threads_option(parser)
     args = parser.parse_args()
     apply_threads_option(args)
-    args.batch = 8
-    args.num_requests = 16 if args.quick else 48
+    args.batch = 16
+    args.num_requests = 16 if args.quick else 64
     args.capacity_blocks = 256 if args.quick else 512
     args.capacity_requests = 32 if args.quick else 96
     args.prefix_requests = 4 if args.quick else 8
