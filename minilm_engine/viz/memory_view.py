@@ -186,9 +186,10 @@ class MemoryView(LiveView):
             rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
             subplot_titles=(
                 self._pool_title(cells),
-                f"contiguous: each request reserves {RESERVE_LABELS[self.reserve]}",
+                f"contiguous: each request<br>reserves {RESERVE_LABELS[self.reserve]}",
             ),
         )
+        fig.update_annotations(font_size=12)  # the two subplot titles
         self._add_grid(fig, cells, num_grid_rows)  # traces 0-3
         self._add_contiguous(fig, rows)  # traces 4-9
         fig.update_layout(
@@ -196,8 +197,9 @@ class MemoryView(LiveView):
             title_font_size=14,
             barmode="overlay",
             height=200 + max(26 * num_grid_rows, 28 * len(rows), 160),
-            margin=dict(l=50, r=20, t=100, b=40),
-            legend=dict(orientation="h", yanchor="top", y=-0.08, xanchor="left", x=0.0),
+            margin=dict(l=50, r=20, t=110, b=100),
+            # Below the x-axis titles, so that a narrow notebook column does not overlap them.
+            legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0.0),
             plot_bgcolor="white",
             shapes=self._shared_outlines(cells),
             uirevision="memory-view",  # keep the user's zoom across live redraws
@@ -328,7 +330,7 @@ class MemoryView(LiveView):
         shown = "" if len(cells) == pool.num_blocks else f" (first {len(cells)} shown)"
         return (
             f"paged pool: {states.count('used')} used · {states.count('cached_free')} cached · "
-            f"{states.count('free')} free of {pool.num_blocks} blocks"
+            f"{states.count('free')} free<br>of {pool.num_blocks} blocks"
             f" × {self.engine.block_manager.block_size} tokens{shown}"
         )
 
