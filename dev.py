@@ -76,7 +76,10 @@ def main() -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if sys.argv[1] == "lab":
         os.chdir(ROOT)
-        os.execve(PYTHON, [str(PYTHON), "-m", "jupyter", "lab", "notebooks/", *sys.argv[2:]], env)
+        extra = sys.argv[2:]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            extra.append("--allow-root")  # containers and cloud VMs often run as root
+        os.execve(PYTHON, [str(PYTHON), "-m", "jupyter", "lab", "notebooks/", *extra], env)
     else:
         code = subprocess.run([str(PYTHON), "-m", "pytest", *sys.argv[2:]], cwd=ROOT, env=env).returncode
         sys.exit(code)
