@@ -8,7 +8,6 @@ the output processing only: strategies and the model see token ids.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,7 +75,7 @@ class LLM:
         self.input_processor = InputProcessor(
             self.tokenizer, self.config.vocab_size, self.max_model_len, self.eos_token_ids, self.device, seed
         )
-        self._request_counter = itertools.count()
+        self._num_requests = 0  # ids "0", "1", ... of requests accepted so far
         self.strategy: Strategy = STRATEGIES[strategy](
             self.model, self.tokenizer, engine_config, self.input_processor
         )
@@ -132,7 +131,11 @@ class LLM:
         return [self._make_request(p, sp) for p, sp in zip(prompts, params_list)]
 
     def _make_request(self, prompt: PromptType, params: SamplingParams) -> Request:
-        return self.input_processor.make_request(str(next(self._request_counter)), prompt, params)
+        # The id is taken only once the request is valid: a refused prompt must not shift
+        # the ids (and so the default seeds) of the requests after it.
+        request = self.input_processor.make_request(str(self._num_requests), prompt, params)
+        self._num_requests += 1
+        return request
 
     # -- generation -------------------------------------------------------------------------
 

@@ -262,6 +262,14 @@ def test_prompt_too_long(checkpoints):
     assert len(out.outputs[0].token_ids) == 1
 
 
+def test_a_refused_prompt_does_not_shift_later_request_ids(checkpoints):
+    llm = make_llm(checkpoints["llama"].path, max_model_len=10)
+    with pytest.raises(ValueError):
+        generate(llm, {"prompt_token_ids": list(range(1, 20))})
+    (out,) = generate(llm, {"prompt_token_ids": [1, 2, 3]})
+    assert out.request_id == "0"  # the refused prompt took no id (ids seed the sampling)
+
+
 def test_bad_llm_arguments(checkpoints):
     path = checkpoints["llama"].path
     with pytest.raises(ValueError, match=r"strategy must be one of .*'kv_cache'.*got 'paged'"):
