@@ -1,6 +1,7 @@
 """A request's state as it moves through a serving strategy, and the rules that finish it.
 
-Contract: strategies call `request.append_output_token(token_id, text)` after every sampled
+Contract: strategies call `request.append_decoded_token(token_id, tokenizer)` (or
+`append_output_token(token_id, text)` with the text already decoded) after every sampled
 token; the request then decides by itself whether it is done (EOS, a stop token, a stop string,
 `max_tokens`, or the model's context full) and records `finish_reason` the way vLLM does:
 "stop" or "length".  Token ids keep the token that stopped it; text drops stop strings.
@@ -92,6 +93,15 @@ class Request:
         self._check_stop()
         if self.finished:
             self.metrics.finished_time = now
+
+    def append_decoded_token(self, token_id: int, tokenizer) -> None:
+        """Decode all outputs so far with the new token, then record it (see above).
+
+        The whole output is decoded again, not just the new token: byte-level tokens can
+        complete a character begun by the previous one, and stop strings can span tokens.
+        """
+        text = tokenizer.decode(self.output_token_ids + [token_id], skip_special_tokens=True)
+        self.append_output_token(token_id, text)
 
     def _check_stop(self) -> None:
         params, token = self.sampling_params, self.output_token_ids[-1]

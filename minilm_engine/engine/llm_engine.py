@@ -10,7 +10,7 @@ once.  Every step is recorded in `engine.trace`.
     step():   Scheduler.schedule()  ──>  ModelRunner.execute()  ──>  sampled tokens
                  (BlockManager: slots,      (PagedAttention over          │
                   prefix hits, preempt)      the PagedKVCache)            ▼
-              Scheduler.update_from_output()  <──  Request.append_output_token()  ──> outputs
+              Scheduler.update_from_output()  <──  Request.append_decoded_token()  ──> outputs
 """
 
 from __future__ import annotations
@@ -165,8 +165,7 @@ class LLMEngine:
             request = s.request
             if token is None:
                 continue  # a prefill chunk: nothing to sample yet
-            text = self.tokenizer.decode(request.output_token_ids + [token], skip_special_tokens=True)
-            request.append_output_token(token, text)
+            request.append_decoded_token(token, self.tokenizer)
             if request.finished:
                 self.scheduler.finish(request)
                 self.requests.pop(request.request_id, None)

@@ -45,10 +45,7 @@ class Strategy(ABC):
             logits, [r.sampling_params for r in requests], [r.generator for r in requests]
         ).tolist()
         for request, token in zip(requests, tokens):
-            text = self.tokenizer.decode(
-                request.output_token_ids + [token], skip_special_tokens=True
-            )
-            request.append_output_token(token, text)
+            request.append_decoded_token(token, self.tokenizer)
 
     @staticmethod
     def mark_running(requests: list[Request]) -> None:
