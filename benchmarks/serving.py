@@ -20,8 +20,8 @@ import platform
 import time
 
 import torch
-
-from common import add_threads_option, apply_threads_option
+from common import add_threads_option, apply_threads_option, hf_generate_static
+from transformers import AutoModelForCausalLM
 
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.data.noodle_corpus import SYSTEM_PROMPT, generate_documents, sample_prompts
@@ -48,7 +48,11 @@ def throughput(args) -> None:
     continuous = LLM(strategy="continuous", max_num_seqs=args.batch)
     t_static = best_of(args.repeats, lambda: timed_generate(static, prompts, params)[0])
     t_cont = best_of(args.repeats, lambda: timed_generate(continuous, prompts, params)[0])
-    t_hf = best_of(args.repeats, lambda: hf_generate_static(continuous, prompts, params, args.batch))
+    hf_model = AutoModelForCausalLM.from_pretrained(continuous.model_path, dtype=torch.float32).eval()
+    prompt_ids = [continuous.tokenizer.encode(p) for p in prompts]
+    output_lens = [p.max_tokens for p in params]
+    t_hf = best_of(args.repeats,
+                   lambda: hf_generate_static(hf_model, prompt_ids, output_lens, args.batch)[1])
     print(f"workload: {len(prompts)} requests, {useful} output tokens "
           f"(max_tokens from {min(p.max_tokens for p in params)} to {max(p.max_tokens for p in params)}), "
           f"batch {args.batch}")
@@ -56,26 +60,6 @@ def throughput(args) -> None:
         print(f"  {name:<24} {t:7.2f} s  {useful / t:8.0f} output tokens/s")
     print(f"1. continuous vs static batching:          {t_static / t_cont:5.1f}x throughput (goal >= 3x)")
     print(f"2. continuous vs transformers.generate:    {t_hf / t_cont:5.1f}x throughput (goal >= 3x)")
-
-
-def hf_generate_static(llm: LLM, prompts, params, batch: int) -> float:
-    """transformers.generate on left-padded batches; each batch runs to its longest request."""
-    from transformers import AutoModelForCausalLM
-
-    model = getattr(hf_generate_static, "model", None)
-    if model is None:
-        model = AutoModelForCausalLM.from_pretrained(llm.model_path, dtype=torch.float32).eval()
-        hf_generate_static.model = model
-    tok = llm.tokenizer
-    tok.padding_side = "left"
-    start = time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        chunk = tok(prompts[i : i + batch], return_tensors="pt", padding=True)
-        longest = max(p.max_tokens for p in params[i : i + batch])
-        with torch.inference_mode():
-            model.generate(**chunk, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
-                           pad_token_id=tok.pad_token_id)
-    return time.perf_counter() - start
 
 
 # 3 ---------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from common import add_threads_option, apply_threads_option
+from common import add_threads_option, apply_threads_option, hf_generate_static, sync
 
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.experiments.batching import measure_copy_bandwidth, weight_bytes
@@ -136,11 +136,6 @@ def kv_budget_bytes(args, kv_bytes_per_token: int, workload: Workload, device: t
     return int(min(1.1 * needed, args.kv_memory_fraction * free))
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # -- minilm-engine -------------------------------------------------------------------------
 
 
@@ -170,28 +165,13 @@ def check_count(num_tokens: int, workload: Workload) -> str:
 # -- transformers ----------------------------------------------------------------------------
 
 
-def hf_generate_static(model, workload: Workload, batch_size: int, device, pad_id: int = 0) -> Result:
-    """`model.generate` on left-padded batches in request order; each batch runs its longest output."""
-    from transformers import GenerationConfig
-
-    num_tokens = 0
-    sync(device)
-    start = time.perf_counter()
-    for i in range(0, len(workload.prompts), batch_size):
-        prompts = workload.prompts[i : i + batch_size]
-        n = max(workload.output_lens[i : i + batch_size])
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                  pad_token_id=pad_id, eos_token_id=model.config.eos_token_id)
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-        num_tokens += (out.shape[1] - width) * len(prompts)
-    sync(device)
-    seconds = time.perf_counter() - start
-    return Result(f"transformers.generate (static, batch {batch_size})", workload.name, num_tokens, seconds,
-                  check_count(num_tokens, workload))
+def hf_static(model, workload: Workload, batch_size: int) -> Result:
+    """`transformers.generate` with static batching (benchmarks/common.py) on the workload."""
+    num_tokens, seconds = hf_generate_static(
+        model, workload.prompts, workload.output_lens, batch_size
+    )
+    return Result(f"transformers.generate (static, batch {batch_size})", workload.name, num_tokens,
+                  seconds, check_count(num_tokens, workload))
 
 
 def hf_batch1_tokens_per_s(model, prompt: list[int], num_tokens: int, device) -> float:
@@ -428,9 +408,9 @@ def main(argv=None) -> int:
     report.attempt("minilm-engine on B", lambda: report.add(run_minilm(llm, workload_b, device)))
     if hf_model is not None:
         warm = Workload("warm-up", workload_b.prompts[:2], [4, 4])
-        report.attempt("transformers.generate warm-up", lambda: hf_generate_static(hf_model, warm, 2, device))
+        report.attempt("transformers.generate warm-up", lambda: hf_static(hf_model, warm, 2))
         report.attempt("transformers.generate on B",
-                       lambda: report.add(hf_generate_static(hf_model, workload_b, args.hf_batch, device)))
+                       lambda: report.add(hf_static(hf_model, workload_b, args.hf_batch)))
         report.attempt("transformers generate_batch on B", lambda: report.add(hf_continuous_batching(
             hf_model, workload_b, args, hf_kv_budget, kv_bytes_per_token, device)))
 
