@@ -36,7 +36,8 @@ class LLM:
         max_model_len: context length (defaults to the model's max_position_embeddings).
         **engine_args: `EngineConfig` fields: max_num_seqs, max_num_batched_tokens, block_size,
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization, enable_prefix_caching,
-            enable_chunked_prefill, attention_backend ("auto", "torch", "triton").
+            enable_chunked_prefill, attention_backend ("auto", "torch", "triton"), enforce_eager
+            (True: no CUDA graphs for decode steps; they are captured on CUDA with Triton).
     """
 
     def __init__(

@@ -21,6 +21,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     attention_backend: str = "auto"  # "torch" (reference), "triton" (kernels), "auto": triton on CUDA
+    enforce_eager: bool = False  # True: never capture CUDA graphs (they are used on CUDA with triton)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -37,7 +38,7 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):

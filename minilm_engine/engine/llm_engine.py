@@ -29,6 +29,7 @@ from ..outputs import RequestOutput
 from ..request import Request
 from ..sampling_params import SamplingParams
 from .config import EngineConfig
+from .cuda_graphs import DecodeGraphRunner
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
 from .trace import ScheduledChunk, StepCallback, StepRecord, StepTrace
@@ -82,10 +83,29 @@ class LLMEngine:
         self.attention_backend = get_attention_backend(
             self.config.attention_backend, model.device, model.dtype
         )
-        self.runner = ModelRunner(model, self.cache, self.block_manager, self.attention_backend)
+        self.decode_graphs = self._capture_decode_graphs()
+        self.runner = ModelRunner(
+            model, self.cache, self.block_manager, self.attention_backend, self.decode_graphs
+        )
         self.requests: dict[str, Request] = {}
         self.trace = StepTrace()
         self.num_steps = 0
+
+    def _capture_decode_graphs(self) -> DecodeGraphRunner | None:
+        """CUDA graphs for decode steps: on a CUDA GPU with the Triton backend, unless
+        `enforce_eager`.  The torch reference synchronises with the host (`.nonzero()`), which
+        a graph cannot record, so it always runs eagerly."""
+        if self.config.enforce_eager or self.model.device.type != "cuda" or self.attention_backend.name != "triton":
+            return None
+        graphs = DecodeGraphRunner(
+            self.model,
+            self.cache,
+            self.attention_backend,
+            max_batch_size=self.config.max_num_seqs,
+            max_blocks_per_seq=-(-self.max_model_len // self.config.block_size),
+        )
+        graphs.capture()
+        return graphs
 
     # -- requests ---------------------------------------------------------------------------
 

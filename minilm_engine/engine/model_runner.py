@@ -19,6 +19,7 @@ from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
 from ..models import CausalLM
 from ..sampler import sample
+from .cuda_graphs import DecodeGraphRunner
 from .scheduler import ScheduledRequest
 
 
@@ -29,11 +30,13 @@ class ModelRunner:
         cache: PagedKVCache,
         block_manager: BlockManager,
         attention_backend: AttentionBackend | None = None,  # None: the torch reference
+        decode_graphs: DecodeGraphRunner | None = None,  # None: every step runs eagerly
     ):
         self.model = model
         self.cache = cache
         self.block_manager = block_manager
         self.attention_backend = attention_backend
+        self.decode_graphs = decode_graphs
 
     def prepare(self, scheduled: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
         """Build (input_ids (N,), positions (N,), metadata) for the flattened step."""
@@ -69,8 +72,12 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> list[int | None]:
         input_ids, positions, meta = self.prepare(scheduled)
-        attn = PagedAttention(self.cache, meta, self.attention_backend)
-        hidden = self.model(input_ids[None], positions[None], attn)[0]  # (N, hidden)
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.can_run(len(input_ids), meta):
+            hidden = graphs.run(input_ids, positions, meta)  # (N, hidden), N == num_seqs
+        else:
+            attn = PagedAttention(self.cache, meta, self.attention_backend)
+            hidden = self.model(input_ids[None], positions[None], attn)[0]  # (N, hidden)
         # Only sequences whose every known token is now computed get a next token.
         sampling = [i for i, s in enumerate(scheduled) if s.completes_sequence]
         results: list[int | None] = [None] * len(scheduled)

@@ -30,7 +30,13 @@ if TYPE_CHECKING:  # backends.py imports this module, so only type checkers impo
 
 
 class PagedKVCache:
-    """K and V for `num_blocks` blocks of `block_size` tokens, per layer."""
+    """K and V for `num_blocks` blocks of `block_size` tokens, per layer, plus one scratch block.
+
+    Blocks 0 .. num_blocks - 1 are the pool's (`BlockPool` hands them out).  Block
+    `scratch_block` (= num_blocks) belongs to nobody: the padding rows of a captured CUDA graph
+    write their keys and values there (`engine/cuda_graphs.py`), so padding never touches a
+    request's blocks.
+    """
 
     def __init__(
         self,
@@ -40,11 +46,12 @@ class PagedKVCache:
         dtype: torch.dtype,
         device: torch.device | str,
     ):
-        shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        shape = (num_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.scratch_block = num_blocks
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -53,7 +60,9 @@ class PagedKVCache:
 
     @property
     def num_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        """Bytes of the pool's blocks (the scratch block is not counted: nothing is stored there)."""
+        per_block = self.k[0][0].numel() * self.k[0].element_size()
+        return 2 * len(self.k) * self.num_blocks * per_block
 
 
 @dataclass
