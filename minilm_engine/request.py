@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 
@@ -29,7 +30,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self.name.startswith("FINISHED")
+        return self in _FINISH_REASONS  # the three FINISHED_* states (defined just below)
 
 
 _FINISH_REASONS = {
@@ -54,10 +55,17 @@ class Request:
     stop_reason: int | str | None = None
     num_computed_tokens: int = 0  # tokens whose keys/values are in the cache (paged engine)
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
+    detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer, repr=False)
+
+    def __post_init__(self) -> None:
+        # Prompt and outputs in one list, kept up to date token by token: the engine reads it
+        # every step, and concatenating two long lists each time would cost O(length).
+        self._all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
 
     @property
     def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        """Prompt then outputs, as one list (the request's own: read it, do not change it)."""
+        return self._all_token_ids
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -84,24 +92,37 @@ class Request:
 
     def append_output_token(self, token_id: int, text: str) -> None:
         """Record a sampled token and the decoded text of all outputs so far, then check stops."""
+        self._add_token(token_id)
+        self.output_text = text
+        self._check_stop()
+        self._stamp_finish()
+
+    def append_decoded_token(self, token_id: int, tokenizer) -> None:
+        """Record a sampled token, extend the text with what it completes, then check stops.
+
+        The text grows incrementally (`detokenizer.py`): a token can complete a character begun
+        by the previous one, and stop strings are searched in the text, so they can span tokens.
+        """
+        self._add_token(token_id)
+        self.output_text += self.detokenizer.step(tokenizer, self.output_token_ids)
+        self._check_stop()
+        if self.finished and not isinstance(self.stop_reason, str):
+            # Ended by a token or by length: the text is then exactly decode(output tokens),
+            # including the bytes of a character the last tokens left unfinished.
+            self.output_text += self.detokenizer.flush(tokenizer, self.output_token_ids)
+        self._stamp_finish()
+
+    def _stamp_finish(self) -> None:
+        if self.finished:
+            self.metrics.finished_time = self.metrics.token_times[-1]
+
+    def _add_token(self, token_id: int) -> None:
         now = time.perf_counter()
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         self.metrics.token_times.append(now)
         self.output_token_ids.append(token_id)
-        self.output_text = text
-        self._check_stop()
-        if self.finished:
-            self.metrics.finished_time = now
-
-    def append_decoded_token(self, token_id: int, tokenizer) -> None:
-        """Decode all outputs so far with the new token, then record it (see above).
-
-        The whole output is decoded again, not just the new token: byte-level tokens can
-        complete a character begun by the previous one, and stop strings can span tokens.
-        """
-        text = tokenizer.decode(self.output_token_ids + [token_id], skip_special_tokens=True)
-        self.append_output_token(token_id, text)
+        self._all_token_ids.append(token_id)
 
     def _check_stop(self) -> None:
         params, token = self.sampling_params, self.output_token_ids[-1]
@@ -134,7 +155,7 @@ class Request:
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
-            prompt_token_ids=list(self.prompt_token_ids),
+            prompt_token_ids=self.prompt_token_ids,  # never changes: shared, not copied each step
             outputs=[completion],
             finished=self.finished,
             metrics=self.metrics,

@@ -12,6 +12,7 @@ step only computed part of a prompt (a chunk) and there is nothing to sample yet
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..attention.backends import AttentionBackend
@@ -65,7 +66,11 @@ class ModelRunner:
             slot_mapping=as_tensor(slot_mapping),
             query_start_loc=as_tensor(query_start_loc),
             context_lens=as_tensor(context_lens),
-            block_tables=as_tensor([t + [0] * (width - len(t)) for t in block_tables]),
+            # Through numpy: a list of lists converts to an array ~4x faster than to a tensor,
+            # and at 256 sequences of long contexts this table is most of what a step copies.
+            block_tables=torch.from_numpy(
+                np.array([t + [0] * (width - len(t)) for t in block_tables], dtype=np.int64)
+            ).to(device),
         )
         return as_tensor(input_ids), as_tensor(positions), meta
 

@@ -1,0 +1,129 @@
+"""Tests for minilm_engine.detokenizer: incremental text equals decoding everything at once.
+
+Random token ids are the hard case: byte-level tokenizers then produce bytes that are not valid
+UTF-8, characters split over tokens, and special tokens that decode to nothing.  Two tokenizer
+styles are checked, both real `tokenizers` objects: byte-level BPE (Llama 3, Qwen; the test
+session's tokenizer) and a SentencePiece-style Metaspace BPE (Llama 2, Mistral), whose decoder
+drops the leading space of the first token of every `decode` call.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from minilm_engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from minilm_engine.request import Request
+from minilm_engine.sampling_params import SamplingParams
+
+TEXTS = [
+    "Miso ramen, two bowls. 味噌ラーメン二つ！ Extra egg 🥚 and chili 🌶️, total $31.50",
+    "Café crème · naïve façade — «quoted» 面条 and 饺子 to go",
+] * 20
+
+
+def metaspace_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "</s>"], show_progress=False)
+    tok.train_from_iterator(TEXTS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>",
+                                   clean_up_tokenization_spaces=False)
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tokenizer):
+    return {"byte-level": tokenizer, "metaspace": metaspace_tokenizer()}
+
+
+def decode(tokenizer, ids):
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def check_incremental(tokenizer, ids):
+    detok, text, seen = IncrementalDetokenizer(), "", []
+    for token in ids:
+        seen.append(token)
+        text += detok.step(tokenizer, seen)
+        full = decode(tokenizer, seen)
+        assert full.startswith(text), (seen, text, full)
+        if not full.endswith(REPLACEMENT_CHAR):
+            assert text == full, (seen, text, full)  # nothing held back unless a character is unfinished
+    assert text + detok.flush(tokenizer, seen) == decode(tokenizer, seen)
+
+
+@pytest.mark.parametrize("style", ["byte-level", "metaspace"])
+def test_real_text_comes_out_token_by_token(tokenizers, style):
+    tok = tokenizers[style]
+    for text in TEXTS[:2]:
+        ids = tok.encode(text, add_special_tokens=False)
+        check_incremental(tok, ids)
+        detok, seen, out = IncrementalDetokenizer(), [], ""
+        for token in ids:
+            seen.append(token)
+            out += detok.step(tok, seen)
+        assert out == decode(tok, ids)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+@pytest.mark.parametrize("style", ["byte-level", "metaspace"])
+def test_random_ids_equal_decoding_all_at_once(tokenizers, style, data):
+    tok = tokenizers[style]
+    ids = data.draw(st.lists(st.integers(0, len(tok) - 1), max_size=40))
+    check_incremental(tok, ids)
+
+
+def test_a_split_character_is_held_back_until_complete(tokenizer):
+    ids = tokenizer.encode("a🥚", add_special_tokens=False)
+    # The tokenizer was trained on text without eggs: "🥚" (4 bytes) is several byte tokens.
+    assert decode(tokenizer, ids[:2]).endswith(REPLACEMENT_CHAR)
+    detok, seen, pieces = IncrementalDetokenizer(), [], []
+    for token in ids:
+        seen.append(token)
+        pieces.append(detok.step(tokenizer, seen))
+    assert pieces[0] == "a" and pieces[-1] == "🥚" and set(pieces[1:-1]) == {""}
+
+
+def make_request(**params) -> Request:
+    return Request("r", None, [1, 2, 3], SamplingParams(temperature=0, **params), eos_token_ids=(0,),
+                   max_model_len=1000)
+
+
+@pytest.mark.parametrize("style", ["byte-level", "metaspace"])
+def test_request_text_is_decode_of_its_tokens_when_it_ends(tokenizers, style):
+    tok = tokenizers[style]
+    ids = tok.encode(TEXTS[0], add_special_tokens=False)
+    request = make_request(max_tokens=len(ids) - 1)  # ends by length one token short
+    for token in ids[: len(ids) - 1]:
+        request.append_decoded_token(token, tok)
+    assert request.finish_reason == "length"
+    assert request.output_text == decode(tok, ids[:-1])
+    assert request.all_token_ids == [1, 2, 3] + ids[:-1]
+
+
+def test_unfinished_character_at_the_end_shows_as_decode_shows_it(tokenizer):
+    # Cut "🥚" after its first byte token(s): decode shows U+FFFD, and so does the request.
+    egg = tokenizer.encode("🥚", add_special_tokens=False)
+    ids = tokenizer.encode("ok ", add_special_tokens=False) + egg[:-1]
+    if decode(tokenizer, ids).endswith(REPLACEMENT_CHAR) is False:
+        pytest.skip("this tokenizer has '🥚' as a single token")
+    request = make_request(max_tokens=len(ids))
+    for token in ids:
+        request.append_decoded_token(token, tokenizer)
+    assert request.output_text == decode(tokenizer, ids)
+
+
+def test_stop_string_spanning_tokens_is_found_and_cut(tokenizer):
+    ids = tokenizer.encode("Total: $31.50 thanks", add_special_tokens=False)
+    request = make_request(max_tokens=100, stop=["31.5"])
+    for token in ids:
+        request.append_decoded_token(token, tokenizer)
+        if request.finished:
+            break
+    assert request.finish_reason == "stop" and request.stop_reason == "31.5"
+    assert request.output_text == "Total: $"
