@@ -9,7 +9,8 @@ nothing is downloaded; greedy decoding, EOS ignored, seed 0 for everything:
        `transformers.generate` in static batches of 64 (left padding, each batch runs 256 steps),
        and `transformers`' own continuous batching (`model.generate_batch`)
     C. batch-1 decode tokens/s of one request, against the bandwidth ceiling
-       (measured copy bandwidth / weight bytes: every weight is read once per token)
+       (measured copy bandwidth / weight bytes: every weight is read once per token); on a GPU
+       also with CUDA graphs off (`enforce_eager=True`), which shows what the graphs buy
 
 Every run is warmed up first (Triton compiles its kernels; transformers captures CUDA graphs),
 then timed once: output tokens / wall time of the whole run, prefill included.  Results are
@@ -260,6 +261,8 @@ def parse_args(argv=None):
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
                    help="minilm-engine's attention (auto: Triton on a GPU; on a CPU 'triton' needs "
                         "TRITON_INTERPRET=1, slow)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs for minilm-engine's decode steps (they are on by default on CUDA)")
     p.add_argument("--skip-hf", action="store_true", help="run minilm-engine only")
     p.add_argument("--skip-a", action="store_true", help="skip workload A (the longest run)")
     p.add_argument("--quick", action="store_true", help="a tiny config and 8 short requests (CPU smoke test)")
@@ -343,11 +346,15 @@ class Report:
             print("-" * 100)
             print(f"batch-1 decode ceiling: {b1['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth / "
                   f"{b1['weight_GB']:.3g} GB of weights = {b1['ceiling_tokens_per_s']:,.0f} tokens/s")
-            for name in ("minilm_batch1_tokens_per_s", "hf_batch1_tokens_per_s"):
+            for name, who in (("minilm_batch1_tokens_per_s", "minilm-engine"),
+                              ("minilm_eager_batch1_tokens_per_s", "minilm-engine, eager"),
+                              ("hf_batch1_tokens_per_s", "transformers.generate")):
                 if name in b1:
-                    who = "minilm-engine" if name.startswith("minilm") else "transformers.generate"
                     print(f"batch-1 decode, {who:<22} {b1[name]:8,.0f} tokens/s = "
                           f"{b1[name] / b1['ceiling_tokens_per_s']:6.1%} of the ceiling")
+            if "minilm_eager_batch1_tokens_per_s" in b1 and "minilm_batch1_tokens_per_s" in b1:
+                print(f"CUDA graphs at batch 1: {b1['minilm_batch1_tokens_per_s'] / b1['minilm_eager_batch1_tokens_per_s']:.2f}x "
+                      f"the eager tokens/s")
         for label, error in self.errors.items():
             print(f"FAILED {label}: {error}")
         print("=" * 100)
@@ -376,13 +383,28 @@ def main(argv=None) -> int:
         kv_budget = kv_budget_bytes(args, kv_bytes_per_token, workload_a, device)
         # transformers runs B only: room for all of B at once, as minilm-engine has.
         hf_kv_budget = min(kv_budget, kv_budget_bytes(args, kv_bytes_per_token, workload_b, device))
+        t0 = time.perf_counter()
         llm = LLM(
             folder, device=device, dtype=dtype, seed=args.seed,
             max_model_len=args.max_input + max(args.max_output, args.fixed_output, args.batch1_tokens) + 1,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             kv_cache_memory=kv_budget, attention_backend=args.attention_backend,
+            enforce_eager=args.enforce_eager,
         )
+        # Batch 1 is where CUDA graphs matter most: a second, small engine runs it eagerly.
+        eager_llm = None
+        if llm.engine.decode_graphs is not None:
+            prompt_len = len(workload_b.prompts[0])
+            eager_llm = LLM(
+                folder, device=device, dtype=dtype, seed=args.seed, max_model_len=llm.max_model_len,
+                max_num_seqs=1, kv_cache_memory=(prompt_len + args.batch1_tokens + 64) * kv_bytes_per_token,
+                attention_backend=args.attention_backend, enforce_eager=True,
+            )
+        print(f"minilm-engine built in {time.perf_counter() - t0:.1f} s (CUDA graph capture included)", flush=True)
     engine = llm.engine
+    graphs = engine.decode_graphs
+    graphs_note = (f"CUDA graphs for decode steps, {len(graphs.buckets)} batch sizes up to {graphs.max_batch_size}"
+                   if graphs is not None else "no CUDA graphs (eager)")
     header = {
         "hardware": hardware,
         **versions(),
@@ -391,7 +413,7 @@ def main(argv=None) -> int:
         "minilm-engine": (f"attention backend {engine.attention_backend.name}, max_num_seqs {args.max_num_seqs}, "
                           f"max_num_batched_tokens {args.max_num_batched_tokens}, KV cache "
                           f"{engine.block_pool.num_blocks} blocks x {engine.block_manager.block_size} tokens "
-                          f"= {kv_budget / 2**20:,.1f} MiB"),
+                          f"= {kv_budget / 2**20:,.1f} MiB, {graphs_note}"),
         "workload A": workload_a.describe().split(": ", 1)[1],
         "workload B": workload_b.describe().split(": ", 1)[1],
     }
@@ -425,6 +447,14 @@ def main(argv=None) -> int:
     report.attempt("copy bandwidth", ceiling)
     report.attempt("minilm-engine batch-1", lambda: report.set(
         minilm_batch1_tokens_per_s=minilm_batch1_tokens_per_s(llm, prompt, args.batch1_tokens)))
+    if eager_llm is not None:
+        def eager_batch1():
+            minilm_batch1_tokens_per_s(eager_llm, prompt, 8)  # warm-up
+            report.set(minilm_eager_batch1_tokens_per_s=minilm_batch1_tokens_per_s(
+                eager_llm, prompt, args.batch1_tokens))
+
+        report.attempt("minilm-engine batch-1, eager", eager_batch1)
+        del eager_llm
     if hf_model is not None:
         report.attempt("transformers batch-1", lambda: report.set(
             hf_batch1_tokens_per_s=hf_batch1_tokens_per_s(hf_model, prompt, args.batch1_tokens, device)))

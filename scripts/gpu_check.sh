@@ -61,8 +61,8 @@ if ! "$PYTHON" -c "import pytest" 2>/dev/null; then
     TESTS_SUMMARY="skipped: pytest is not installed"
 else
     if [[ $DRY_RUN == 1 ]]; then
-        TEST_PATHS=(tests/test_kernel_stats.py tests/test_triton_kernels.py)
-        TEST_FILTER=(-k "decode or write_kv or backend")
+        TEST_PATHS=(tests/test_kernel_stats.py tests/test_triton_kernels.py tests/test_cuda_graphs.py)
+        TEST_FILTER=(-k "decode or write_kv or backend or capture or padded")
     else
         TEST_PATHS=(tests)
         TEST_FILTER=()
@@ -137,7 +137,9 @@ if "ceiling_tokens_per_s" in data:
     ceiling = data["ceiling_tokens_per_s"]
     rows.append(("batch-1 ceiling", f"{ceiling:,.0f} tok/s = {data['copy_bandwidth_GBps']:.0f} GB/s copy / "
                                     f"{data['weight_GB']:.3g} GB weights"))
-    for key, who in (("minilm_batch1_tokens_per_s", "minilm-engine"), ("hf_batch1_tokens_per_s", "transformers")):
+    for key, who in (("minilm_batch1_tokens_per_s", "minilm-engine"),
+                     ("minilm_eager_batch1_tokens_per_s", "minilm-engine, eager"),
+                     ("hf_batch1_tokens_per_s", "transformers")):
         if key in data:
             rows.append((f"batch-1 decode, {who}", f"{data[key]:,.0f} tok/s = {data[key] / ceiling:.1%} of the ceiling"))
 for label, error in data.get("errors", {}).items():
