@@ -45,6 +45,7 @@ import torch
 from common import add_threads_option, apply_threads_option, hf_generate_static, sync
 
 from minilm_engine import LLM, SamplingParams
+from minilm_engine.device import resolve_dtype
 from minilm_engine.experiments.batching import measure_copy_bandwidth, weight_bytes
 from minilm_engine.models.known_configs import KNOWN_CONFIGS
 from minilm_engine.models.loader import read_config, resolve_model_path
@@ -364,8 +365,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     apply_threads_option(args)
-    dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else (
-        torch.float16 if device.type == "cuda" else torch.float32)
+    dtype = resolve_dtype("auto", device)  # bf16 where native, fp16 on a T4, fp32 on a CPU
     config = hf_config(args.quick)
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
@@ -389,7 +389,7 @@ def main(argv=None) -> int:
             max_model_len=args.max_input + max(args.max_output, args.fixed_output, args.batch1_tokens) + 1,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             kv_cache_memory=kv_budget, attention_backend=args.attention_backend,
-            enforce_eager=args.enforce_eager,
+            enforce_eager=args.enforce_eager, record_trace=False,
         )
         # Batch 1 is where CUDA graphs matter most: a second, small engine runs it eagerly.
         eager_llm = None
@@ -398,7 +398,7 @@ def main(argv=None) -> int:
             eager_llm = LLM(
                 folder, device=device, dtype=dtype, seed=args.seed, max_model_len=llm.max_model_len,
                 max_num_seqs=1, kv_cache_memory=(prompt_len + args.batch1_tokens + 64) * kv_bytes_per_token,
-                attention_backend=args.attention_backend, enforce_eager=True,
+                attention_backend=args.attention_backend, enforce_eager=True, record_trace=False,
             )
         print(f"minilm-engine built in {time.perf_counter() - t0:.1f} s (CUDA graph capture included)", flush=True)
     engine = llm.engine

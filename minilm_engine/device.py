@@ -2,11 +2,14 @@
 
 Contract: `resolve_device(None)` picks CUDA when present, else the CPU; `resolve_dtype(spec,
 device)` accepts "auto", a name ("float16", "fp16", "half", "bfloat16", "bf16", "float32",
-"fp32", "float") or a `torch.dtype`, and raises `ValueError` for anything else or for a dtype the
-device cannot run (bf16 on a GPU without bf16 support).
+"fp32", "float") or a `torch.dtype`, and raises `ValueError` for anything else.  Asking for
+bfloat16 on a GPU without native bfloat16 (a T4) is not an error: it warns and uses float16.
+The policy itself is `choose_dtype`, a pure function of the device's compute capability.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -36,13 +39,20 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     return device
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+def choose_dtype(dtype: str | torch.dtype, device_type: str, capability: tuple[int, int] | None) -> tuple[torch.dtype, str | None]:
+    """The dtype policy as a pure function: (dtype to use, a warning or None).
+
+    `capability` is the GPU's compute capability (None on a CPU).  bfloat16 runs natively from
+    capability 8.0 (A100, H100, RTX 30xx and later).  A T4 (7.5) or V100 (7.0) can only emulate
+    it, slowly, and Triton cannot compile it there: "auto" takes float16 on them, and an explicit
+    bfloat16 falls back to float16 with a warning.
+    """
     if isinstance(dtype, torch.dtype):
         resolved = dtype
     elif dtype == "auto":
-        if device.type == "cpu":
-            return torch.float32  # CPUs run fp32 matmuls fastest and exactly
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device_type == "cpu":
+            return torch.float32, None  # CPUs run fp32 matmuls fastest and exactly
+        return (torch.bfloat16 if capability >= (8, 0) else torch.float16), None
     elif isinstance(dtype, str) and dtype.lower() in _DTYPES:
         resolved = _DTYPES[dtype.lower()]
     else:
@@ -51,6 +61,18 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
         )
     if resolved not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dtype {resolved} is not supported; use float32, float16 or bfloat16")
-    if resolved == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError("this GPU has no bfloat16 support (e.g. a T4): use dtype='float16'")
+    if resolved == torch.bfloat16 and device_type == "cuda" and capability < (8, 0):
+        major, minor = capability
+        return torch.float16, (
+            f"this GPU (compute capability {major}.{minor}, e.g. a T4) has no native bfloat16; "
+            f"using float16 instead (pass dtype='float16' or 'auto' to silence this)"
+        )
+    return resolved, None
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    resolved, warning = choose_dtype(dtype, device.type, capability)
+    if warning is not None:
+        warnings.warn(warning, stacklevel=3)
     return resolved

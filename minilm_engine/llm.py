@@ -37,7 +37,8 @@ class LLM:
         **engine_args: `EngineConfig` fields: max_num_seqs, max_num_batched_tokens, block_size,
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization, enable_prefix_caching,
             enable_chunked_prefill, attention_backend ("auto", "torch", "triton"), enforce_eager
-            (True: no CUDA graphs for decode steps; they are captured on CUDA with Triton).
+            (True: no CUDA graphs for decode steps; they are captured on CUDA with Triton),
+            record_trace (False: keep no per-step records in `llm.engine.trace`).
     """
 
     def __init__(

@@ -198,10 +198,12 @@ def test_graph_replays_equal_eager_steps(checkpoints):
             meta = PagedAttentionMetadata(*(t.cuda() for t in (meta.slot_mapping, meta.query_start_loc,
                                                                meta.context_lens, meta.block_tables)))
             expected = model(input_ids[None], positions[None], PagedAttention(eager_cache, meta, backend))[0]
-            torch.testing.assert_close(runner.run(input_ids, positions, meta), expected)
+            # cuBLAS may pick another GEMM for the padded height: allow fp32 rounding noise.
+            close = dict(rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(runner.run(input_ids, positions, meta), expected, **close)
             for layer in range(len(eager_cache.k)):
-                torch.testing.assert_close(graph_cache.k[layer][:num_blocks], eager_cache.k[layer][:num_blocks])
-                torch.testing.assert_close(graph_cache.v[layer][:num_blocks], eager_cache.v[layer][:num_blocks])
+                torch.testing.assert_close(graph_cache.k[layer][:num_blocks], eager_cache.k[layer][:num_blocks], **close)
+                torch.testing.assert_close(graph_cache.v[layer][:num_blocks], eager_cache.v[layer][:num_blocks], **close)
     assert runner.num_replays == 5
 
 

@@ -109,7 +109,7 @@ def drive(engine, workload: list[Arrival], max_steps: int = 2000) -> dict[str, R
             for out in engine.step():  # outputs of the requests that got a token
                 if out.request_id in requests:
                     assert out.outputs[0].token_ids == requests[out.request_id].output_token_ids
-            assert len(engine.trace.records) == num_records + 1
+            assert len(engine.trace.records) == num_records + engine.config.record_trace
             engine.block_pool.check_invariants()
         step += 1
         assert step < max_steps, "the engine does not finish"
@@ -572,3 +572,14 @@ def test_stream_closed_early_frees_its_blocks(checkpoints):
     assert llm.engine.block_pool.num_used_blocks > 0
     stream.close()
     assert not llm.engine.has_unfinished_requests() and llm.engine.block_pool.num_used_blocks == 0
+
+
+def test_without_a_trace_the_outputs_are_the_same_and_nothing_piles_up(checkpoints, random_workload, finished_run):
+    traced_engine, traced = finished_run
+    llm = make_llm(checkpoints["qwen3"].path, num_kv_blocks=12, max_num_batched_tokens=16, record_trace=False)
+    requests = drive(llm.engine, random_workload(50, 12))
+    assert {rid: r.output_token_ids for rid, r in requests.items()} == {
+        rid: r.output_token_ids for rid, r in traced.items()
+    }
+    assert llm.engine.trace.records == [] and llm.engine.num_steps == traced_engine.num_steps
+    assert llm.engine.block_pool.drain_events() == []  # block events are not kept either

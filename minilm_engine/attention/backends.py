@@ -50,8 +50,11 @@ def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
     if device.type == "cuda":
         if triton_paged_prefill.is_interpreted():
             return "the Triton kernels were imported under TRITON_INTERPRET=1, which runs on the CPU only"
-        if torch.cuda.get_device_capability(device) < (7, 5):
+        capability = torch.cuda.get_device_capability(device)
+        if capability < (7, 5):
             return "Triton needs a GPU of compute capability 7.5 or newer"
+        if dtype == torch.bfloat16 and capability < (8, 0):
+            return "Triton compiles bfloat16 only for compute capability 8.0 or newer (use float16)"
         return None
     if device.type == "cpu" and triton_paged_prefill.is_interpreted():
         return None

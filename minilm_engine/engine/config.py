@@ -22,6 +22,9 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     attention_backend: str = "auto"  # "torch" (reference), "triton" (kernels), "auto": triton on CUDA
     enforce_eager: bool = False  # True: never capture CUDA graphs (they are used on CUDA with triton)
+    # Keep a StepRecord of every step in engine.trace (widgets and chapters read it).  A record
+    # copies every running request's block table, so long benchmark or serving runs turn it off.
+    record_trace: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -38,7 +41,7 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "record_trace"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):

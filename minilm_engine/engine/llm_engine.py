@@ -73,7 +73,11 @@ class LLMEngine:
                 f"must be >= max_model_len ({self.max_model_len}) so that every prompt fits one step"
             )
         num_blocks = decide_num_kv_blocks(self.config, model, self.max_model_len)
-        self.block_pool = BlockPool(num_blocks, enable_caching=self.config.enable_prefix_caching)
+        self.block_pool = BlockPool(
+            num_blocks,
+            enable_caching=self.config.enable_prefix_caching,
+            record_events=self.config.record_trace,  # nobody drains them otherwise
+        )
         self.block_manager = BlockManager(
             self.block_pool, self.config.block_size, self.config.enable_prefix_caching
         )
@@ -191,12 +195,13 @@ class LLMEngine:
                 self.requests.pop(request.request_id, None)
                 finished.append(request.request_id)
             outputs.append(request.to_output())
-        self._record(start, chunks, sched.preempted, finished)
+        self.num_steps += 1
+        if self.config.record_trace:
+            self._record(start, chunks, sched.preempted, finished)
         return outputs
 
     def _record(self, start, chunks, preempted, finished) -> None:
         pool = self.block_pool
-        self.num_steps += 1
         self.trace.append(
             StepRecord(
                 step=self.num_steps - 1,

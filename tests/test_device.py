@@ -1,0 +1,62 @@
+"""Tests for minilm_engine.device: which device and dtype a model gets, and the clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minilm_engine.device import choose_dtype, resolve_device, resolve_dtype
+
+H200, A100, T4, V100 = (9, 0), (8, 0), (7, 5), (7, 0)
+
+
+@pytest.mark.parametrize(
+    "device_type, capability, expected",
+    [("cpu", None, torch.float32), ("cuda", H200, torch.bfloat16), ("cuda", A100, torch.bfloat16),
+     ("cuda", T4, torch.float16), ("cuda", V100, torch.float16)],
+)
+def test_auto_dtype_by_device(device_type, capability, expected):
+    assert choose_dtype("auto", device_type, capability) == (expected, None)
+
+
+@pytest.mark.parametrize("spec", ["bfloat16", "bf16", torch.bfloat16])
+def test_bfloat16_on_a_t4_falls_back_to_float16_with_a_reason(spec):
+    dtype, warning = choose_dtype(spec, "cuda", T4)
+    assert dtype == torch.float16
+    assert "compute capability 7.5" in warning and "float16" in warning
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [("float32", torch.float32), ("fp32", torch.float32), ("float", torch.float32), ("FP16", torch.float16),
+     ("half", torch.float16), ("bf16", torch.bfloat16), (torch.float16, torch.float16)],
+)
+def test_names_are_understood_everywhere(spec, expected):
+    for device_type, capability in (("cpu", None), ("cuda", H200)):
+        assert choose_dtype(spec, device_type, capability) == (expected, None)
+
+
+@pytest.mark.parametrize("spec", ["float64", "int8", "fp8", 16, None, torch.float64, torch.int8])
+def test_unknown_or_unsupported_dtypes_are_refused(spec):
+    with pytest.raises(ValueError, match="dtype"):
+        choose_dtype(spec, "cpu", None)
+
+
+def test_resolve_on_this_machine():
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) == torch.float32
+    assert resolve_dtype("bfloat16", cpu) == torch.bfloat16  # a CPU runs bf16 (slowly), no fallback
+    if torch.cuda.is_available():
+        assert resolve_dtype("auto", torch.device("cuda")) in (torch.bfloat16, torch.float16)
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device must be"):
+        resolve_device("tpu")
+    with pytest.raises(ValueError, match="device must be"):
+        resolve_device("mps")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            resolve_device("cuda")
