@@ -149,6 +149,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate completions for every prompt; outputs come back in prompt order."""
         requests = self.make_requests(prompts, sampling_params)
+        for request in requests:
+            request.incremental_text = False  # only finished texts are returned: decode once
         progress = _progress_bar(len(requests), enabled=use_tqdm)
         for _ in self.strategy.steps(requests):
             if progress is not None:

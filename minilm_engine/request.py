@@ -56,6 +56,9 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose keys/values are in the cache (paged engine)
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
     detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer, repr=False)
+    # True: output_text follows every token (streaming).  False: decoded once when the request
+    # ends (`LLM.generate`, which returns only finished outputs), unless stop strings need it.
+    incremental_text: bool = True
 
     def __post_init__(self) -> None:
         # Prompt and outputs in one list, kept up to date token by token: the engine reads it
@@ -102,13 +105,16 @@ class Request:
 
         The text grows incrementally (`detokenizer.py`): a token can complete a character begun
         by the previous one, and stop strings are searched in the text, so they can span tokens.
+        With `incremental_text=False` and no stop strings it is decoded once, at the end.
         """
         self._add_token(token_id)
-        self.output_text += self.detokenizer.step(tokenizer, self.output_token_ids)
+        if self.incremental_text or self.sampling_params.stop_strings:
+            self.output_text += self.detokenizer.step(tokenizer, self.output_token_ids)
         self._check_stop()
         if self.finished and not isinstance(self.stop_reason, str):
             # Ended by a token or by length: the text is then exactly decode(output tokens),
-            # including the bytes of a character the last tokens left unfinished.
+            # including the bytes of a character the last tokens left unfinished (and all of
+            # it, when the text was not followed token by token).
             self.output_text += self.detokenizer.flush(tokenizer, self.output_token_ids)
         self._stamp_finish()
 

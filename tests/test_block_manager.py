@@ -391,6 +391,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert len(table) == cdiv(num_tokens, BLOCK_SIZE)  # enough blocks, none extra
             for block in table:
                 holders[block.block_id] += 1
+            assert self.manager.get_block_table(request_id) == [block.block_id for block in table]
         assert [block.ref_cnt for block in self.pool.blocks] == holders
         assert self.manager.block_tables.keys() == self.requests.keys()
 

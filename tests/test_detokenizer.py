@@ -127,3 +127,26 @@ def test_stop_string_spanning_tokens_is_found_and_cut(tokenizer):
             break
     assert request.finish_reason == "stop" and request.stop_reason == "31.5"
     assert request.output_text == "Total: $"
+
+
+@pytest.mark.parametrize("style", ["byte-level", "metaspace"])
+def test_text_decoded_once_at_the_end_is_the_same(tokenizers, style):
+    tok = tokenizers[style]
+    ids = tok.encode(TEXTS[1], add_special_tokens=False)
+    request = make_request(max_tokens=len(ids))
+    request.incremental_text = False
+    for i, token in enumerate(ids):
+        assert request.output_text == ""  # nothing decoded while it runs
+        request.append_decoded_token(token, tok)
+    assert request.finished and request.output_text == decode(tok, ids)
+
+
+def test_stop_strings_keep_the_text_incremental(tokenizer):
+    ids = tokenizer.encode("Total: $31.50 thanks", add_special_tokens=False)
+    request = make_request(max_tokens=100, stop=["31.5"])
+    request.incremental_text = False
+    for token in ids:
+        request.append_decoded_token(token, tokenizer)
+        if request.finished:
+            break
+    assert request.stop_reason == "31.5" and request.output_text == "Total: $"

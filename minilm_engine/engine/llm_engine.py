@@ -162,6 +162,12 @@ class LLMEngine:
     # -- one step ---------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One scheduler decision and one forward pass; the outputs of the requests that got a token."""
+        return [request.to_output() for request in self.step_requests()]
+
+    def step_requests(self) -> list[Request]:
+        """`step`, returning the `Request`s that got a token rather than snapshots of them
+        (a snapshot copies the output ids: at 256 requests, a millisecond a step)."""
         start = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.is_empty:
@@ -184,7 +190,7 @@ class LLMEngine:
         tokens = self.runner.execute(sched.scheduled)
         self.scheduler.update_from_output(sched)
 
-        outputs, finished = [], []
+        advanced, finished = [], []
         for s, token in zip(sched.scheduled, tokens):
             request = s.request
             if token is None:
@@ -194,11 +200,11 @@ class LLMEngine:
                 self.scheduler.finish(request)
                 self.requests.pop(request.request_id, None)
                 finished.append(request.request_id)
-            outputs.append(request.to_output())
+            advanced.append(request)
         self.num_steps += 1
         if self.config.record_trace:
             self._record(start, chunks, sched.preempted, finished)
-        return outputs
+        return advanced
 
     def _record(self, start, chunks, preempted, finished) -> None:
         pool = self.block_pool

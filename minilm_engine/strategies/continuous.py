@@ -26,8 +26,8 @@ class ContinuousStrategy(Strategy):
             for request in requests:
                 self.engine.add_prepared_request(request)
             while any(not r.finished for r in requests):
-                outputs = self.engine.step()
-                yield [pending[o.request_id] for o in outputs if o.request_id in pending]
+                advanced = self.engine.step_requests()
+                yield [r for r in advanced if r.request_id in pending]
         finally:
             # A caller that stops early (or an error) must not leave blocks held.
             for r in requests:
