@@ -116,7 +116,7 @@ class DecodeGraphRunner:
         self.num_runs += 1
         graph = self.graphs.get(bucket)
         if graph is None:
-            hidden = self._forward(bucket)
+            hidden = self.forward_bucket(bucket)
         else:
             graph.replay()
             self.num_replays += 1
@@ -134,11 +134,11 @@ class DecodeGraphRunner:
         for bucket in reversed(self.buckets):
             # Warm-up first, outside the graph: Triton compiles its kernels on their first call
             # and the caching allocator settles, neither of which may happen during a capture.
-            self._forward(bucket)
+            self.forward_bucket(bucket)
             torch.cuda.synchronize(self.model.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bucket] = self._forward(bucket)
+                self.outputs[bucket] = self.forward_bucket(bucket)
             self.graphs[bucket] = graph
         torch.cuda.synchronize(self.model.device)
 
@@ -163,7 +163,7 @@ class DecodeGraphRunner:
         self.context_lens[:num_seqs] = 1
         self.block_tables[:num_seqs, 0] = self.cache.scratch_block
 
-    def _forward(self, bucket: int) -> torch.Tensor:
+    def forward_bucket(self, bucket: int) -> torch.Tensor:
         """The forward pass a graph records: the first `bucket` rows of the static buffers."""
         meta = PagedAttentionMetadata(
             slot_mapping=self.slot_mapping[:bucket],
