@@ -190,6 +190,17 @@ def test_paged_prefill_matches_reference(case):
     check_attention(paged_prefill_attention, case)
 
 
+def test_prefill_takes_the_longest_chunk_from_the_host_when_given():
+    case = Case([(9, 1), (40, 33), (21, 6)], ratio=2, num_kv_heads=2, head_dim=16, block_size=4)
+    q, k, v, k_cache, v_cache, meta = build(case)
+    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    computed = paged_prefill_attention(q, k_cache, v_cache, meta)  # max_query_len None: from the device
+    meta.max_query_len = 33
+    assert torch.equal(paged_prefill_attention(q, k_cache, v_cache, meta), computed)
+    meta.max_query_len = 16  # too small: the tiles past it would be skipped, and the test would see it
+    assert not torch.equal(paged_prefill_attention(q, k_cache, v_cache, meta), computed)
+
+
 @pytest.mark.parametrize("decode_only", [True, False], ids=["decode", "mixed"])
 def test_backend_attend_in_bfloat16(decode_only):
     # bf16 through the backend's dispatch; under the interpreter the prefill kernel upcasts

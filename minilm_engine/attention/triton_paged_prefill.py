@@ -132,8 +132,11 @@ def paged_prefill_attention(
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0:
         return out
-    # One host sync per call: the grid needs the longest chunk (vLLM keeps it in its metadata).
-    max_num_queries = int((meta.query_start_loc[1:] - meta.query_start_loc[:-1]).max())
+    # The grid needs the longest chunk.  The model runner knows it on the host; computing it
+    # here from device tensors would make the CPU wait for the GPU, once per layer.
+    max_num_queries = meta.max_query_len
+    if max_num_queries is None:
+        max_num_queries = int((meta.query_start_loc[1:] - meta.query_start_loc[:-1]).max())
     grid = (meta.num_seqs, triton.cdiv(max_num_queries, BLOCK_M), num_heads)
     paged_prefill_kernel[grid](
         out, q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc,

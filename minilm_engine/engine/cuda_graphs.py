@@ -170,6 +170,7 @@ class DecodeGraphRunner:
             query_start_loc=self.query_start_loc[: bucket + 1],
             context_lens=self.context_lens[:bucket],
             block_tables=self.block_tables[:bucket],
+            max_query_len=1,
         )
         attn = PagedAttention(self.cache, meta, self.backend)
         return self.model(self.input_ids[None, :bucket], self.positions[None, :bucket], attn)[0]

@@ -71,6 +71,7 @@ class ModelRunner:
             block_tables=torch.from_numpy(
                 np.array([t + [0] * (width - len(t)) for t in block_tables], dtype=np.int64)
             ).to(device),
+            max_query_len=max(s.num_new_tokens for s in scheduled),
         )
         return as_tensor(input_ids), as_tensor(positions), meta
 

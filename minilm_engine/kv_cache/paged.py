@@ -73,12 +73,15 @@ class PagedAttentionMetadata:
     query_start_loc: (S + 1,) int64 offsets of each sequence's tokens in the flattened batch
     context_lens: (S,) int64 tokens of each sequence in the cache after this step
     block_tables: (S, max_blocks_per_seq) int64 block ids (rows padded with 0)
+    max_query_len: the most new tokens of one sequence, when the host knows it (the prefill
+        kernel sizes its grid with it; None: computed from query_start_loc, a device sync)
     """
 
     slot_mapping: torch.Tensor
     query_start_loc: torch.Tensor
     context_lens: torch.Tensor
     block_tables: torch.Tensor
+    max_query_len: int | None = None
 
     @property
     def num_seqs(self) -> int:
