@@ -6,6 +6,9 @@ import argparse
 import sys
 import time
 
+import torch
+
+from .device import cpu_threads_for
 from .llm import LLM
 from .sampling_params import SamplingParams
 from .strategies import STRATEGIES
@@ -26,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--strategy", default="kv_cache", choices=sorted(STRATEGIES))
     gen.add_argument("--device", default=None)
     gen.add_argument("--dtype", default="auto")
+    gen.add_argument("--threads", type=int, default=None,
+                     help="torch threads on a CPU (default: 1 for a small model, torch's choice otherwise)")
     return parser
 
 
@@ -40,11 +45,17 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             stop=args.stop,
         )
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         llm = LLM(args.model, device=args.device, dtype=args.dtype, strategy=args.strategy)
     except (ValueError, TypeError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"[{llm}]", file=sys.stderr)
+    if llm.device.type == "cpu":
+        threads = args.threads or cpu_threads_for(llm.num_parameters)
+        if threads is not None:
+            torch.set_num_threads(threads)
+    print(f"[{llm}, torch threads: {torch.get_num_threads()}]", file=sys.stderr)
     sys.stdout.write(args.prompt)
     start = time.perf_counter()
     (request,) = llm.make_requests(args.prompt, params)
