@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One pass over a fresh GPU machine: install, run the tests on CUDA, run the throughput benchmark,
-# print a short table.  Meant for a machine with torch, triton and transformers already installed
+# One pass over a fresh GPU machine: install, run the tests on CUDA (kernels, CUDA graphs, engine),
+# measure the decode kernel's bandwidth, run the throughput benchmark, print a short table.  Meant for a machine with torch, triton and transformers already installed
 # and no internet; finishes within about 7.5 minutes (each stage runs under `timeout`).
 #
 #     bash scripts/gpu_check.sh              # on a CUDA machine, from the repository root
@@ -89,7 +89,28 @@ else
 fi
 echo "tests: $TESTS_SUMMARY  [${SECONDS}s elapsed]"
 
-# -- 3. the throughput benchmark, in what is left of the budget ----------------------------------
+# -- 3a. the decode kernel's bandwidth (appendix A1's experiment 3), GPU only -------------------
+if [[ $HAS_CUDA == 1 ]]; then
+    echo "== decode kernel bandwidth (Qwen3-0.6B attention shape, bf16, 32 and 256 sequences)"
+    timeout -k 10 90 "$PYTHON" - "$OUT_DIR/kernel_bandwidth.json" <<'KERNEL' 2>&1 | tee "$OUT_DIR/kernel_bandwidth.log"
+import json, sys
+import torch
+from minilm_engine.attention.kernel_stats import measure_decode_bandwidth
+from minilm_engine.experiments.batching import measure_copy_bandwidth
+
+copy = measure_copy_bandwidth(num_bytes=1 << 30, device="cuda")
+points = (measure_decode_bandwidth([256, 1024, 4096, 16384], 32, 16, 8, 128, torch.bfloat16, "cuda")
+          + measure_decode_bandwidth([1024], 256, 16, 8, 128, torch.bfloat16, "cuda"))
+rows = [dict(num_seqs=p.num_seqs, context_len=p.context_len, microseconds=1e6 * p.seconds,
+             GBps=p.bytes_per_s / 1e9, of_copy=p.bytes_per_s / copy) for p in points]
+for r in rows:
+    print(f"{r['num_seqs']:4d} seqs x {r['context_len']:6d} tokens: {r['microseconds']:8.1f} us, "
+          f"{r['GBps']:6.0f} GB/s = {r['of_copy']:.0%} of the copy bandwidth ({copy / 1e9:.0f} GB/s)")
+json.dump({"copy_GBps": copy / 1e9, "points": rows}, open(sys.argv[1], "w"), indent=2)
+KERNEL
+fi
+
+# -- 3b. the throughput benchmark, in what is left of the budget ---------------------------------
 LEFT=$((BUDGET_S - SECONDS - 15))
 (( LEFT < 60 )) && LEFT=60
 BENCH_ARGS=(--json "$OUT_DIR/throughput.json")
@@ -103,7 +124,7 @@ BENCH_RC=${PIPESTATUS[0]}
 [[ $BENCH_RC == 124 || $BENCH_RC == 137 ]] && echo "(benchmark stopped at the ${LEFT}s limit; the table shows what it finished)"
 
 # -- 4. the summary ------------------------------------------------------------------------------
-TESTS_SUMMARY="$TESTS_SUMMARY" BENCH_RC="$BENCH_RC" ELAPSED="$SECONDS" "$PYTHON" - "$OUT_DIR/throughput.json" \
+TESTS_SUMMARY="$TESTS_SUMMARY" BENCH_RC="$BENCH_RC" ELAPSED="$SECONDS" "$PYTHON" - "$OUT_DIR/throughput.json" "$OUT_DIR/kernel_bandwidth.json" \
     <<'EOF' | tee "$OUT_DIR/summary.txt"
 import json, os, sys
 from pathlib import Path
@@ -142,6 +163,12 @@ if "ceiling_tokens_per_s" in data:
                      ("hf_batch1_tokens_per_s", "transformers")):
         if key in data:
             rows.append((f"batch-1 decode, {who}", f"{data[key]:,.0f} tok/s = {data[key] / ceiling:.1%} of the ceiling"))
+kernel = Path(sys.argv[2])
+if kernel.is_file():
+    k = json.loads(kernel.read_text())
+    for p in k["points"]:
+        rows.append((f"decode kernel, {p['num_seqs']} seqs x {p['context_len']} tokens",
+                     f"{p['GBps']:,.0f} GB/s = {p['of_copy']:.0%} of copy ({k['copy_GBps']:,.0f} GB/s)"))
 for label, error in data.get("errors", {}).items():
     rows.append((f"FAILED: {label}", error[:200]))
 if not data:
