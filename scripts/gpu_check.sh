@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One pass over a fresh GPU machine: install, run the tests on CUDA (kernels, CUDA graphs, engine),
-# measure the decode kernel's bandwidth, run the throughput benchmark, print a short table.  Meant for a machine with torch, triton and transformers already installed
-# and no internet; finishes within about 7.5 minutes (each stage runs under `timeout`).
+# measure the decode kernel's bandwidth, run the throughput benchmark, print a short table.
+# Meant for a machine with torch, triton and transformers already installed and no internet;
+# finishes within about 7.5 minutes (each stage runs under `timeout`).
 #
 #     bash scripts/gpu_check.sh              # on a CUDA machine, from the repository root
 #     bash scripts/gpu_check.sh --dry-run    # anywhere: a few CPU tests (Triton interpreter)
