@@ -583,3 +583,20 @@ def test_without_a_trace_the_outputs_are_the_same_and_nothing_piles_up(checkpoin
     }
     assert llm.engine.trace.records == [] and llm.engine.num_steps == traced_engine.num_steps
     assert llm.engine.block_pool.drain_events() == []  # block events are not kept either
+
+
+def test_default_pool_holds_max_num_seqs_full_requests_within_the_limit():
+    from minilm_engine.engine.config import EngineConfig
+    from minilm_engine.engine.llm_engine import default_num_kv_blocks
+
+    config = EngineConfig(max_num_seqs=4, block_size=16)
+    assert default_num_kv_blocks(config, 100, per_block=1000, limit=10**9) == 4 * 7  # 7 blocks of 16 each
+    assert default_num_kv_blocks(config, 100, per_block=1000, limit=5500) == 5  # what the limit allows
+    with pytest.raises(RuntimeError, match="no memory left for a KV cache"):
+        default_num_kv_blocks(config, 100, per_block=1000, limit=-(10**9))  # a GPU already full
+
+
+def test_engine_default_pool_on_this_device(checkpoints):
+    llm = make_llm(checkpoints["qwen3"].path, max_num_seqs=3)
+    expected = 3 * -(-MAX_MODEL_LEN // BLOCK_SIZE)
+    assert llm.engine.block_pool.num_blocks == expected

@@ -15,7 +15,9 @@ class EngineConfig:
     max_num_seqs: int = 16  # most requests in one batch
     max_num_batched_tokens: int = 512  # token budget of one engine step (prefill + decode)
     block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int | None = None  # pool size; None = from kv_cache_memory or the device
+    # pool size; None = from kv_cache_memory, else room for max_num_seqs full-length requests
+    # within the device's limit (1 GiB on a CPU, gpu_memory_utilization on a GPU)
+    num_kv_blocks: int | None = None
     kv_cache_memory: int | None = None  # byte budget for the pool, alternative to num_kv_blocks
     gpu_memory_utilization: float = 0.9  # on a GPU, share of memory the engine may fill
     enable_prefix_caching: bool = True

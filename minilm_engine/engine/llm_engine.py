@@ -38,20 +38,39 @@ CPU_KV_CACHE_LIMIT = 1 << 30  # never reserve more than 1 GiB of KV cache on a C
 
 
 def decide_num_kv_blocks(config: EngineConfig, model: CausalLM, max_model_len: int) -> int:
-    """Pool size: as asked, or from a byte budget, or (default) from the device."""
+    """Pool size: as asked (`num_kv_blocks`, or `kv_cache_memory` bytes), else the default below."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     per_block = PagedKVCache.bytes_per_block(model.config, config.block_size, model.dtype)
     if config.kv_cache_memory is not None:
         return max(1, config.kv_cache_memory // per_block)
-    if model.device.type == "cuda":
-        # What is left after the weights, minus the share we promised not to touch.
-        free, total = torch.cuda.mem_get_info(model.device)
-        budget = free - (1 - config.gpu_memory_utilization) * total
-        return max(1, int(budget // per_block))
-    # CPU: room for max_num_seqs requests of full length, within a sane cap.
-    wanted = -(-config.max_num_seqs * max_model_len // config.block_size)
-    return max(1, min(wanted, CPU_KV_CACHE_LIMIT // per_block))
+    return default_num_kv_blocks(config, max_model_len, per_block, kv_cache_limit(config, model.device))
+
+
+def kv_cache_limit(config: EngineConfig, device: torch.device) -> int:
+    """Most bytes a default pool may take: 1 GiB on a CPU; on a GPU, what is free (after the
+    weights) minus the share of the whole card that `gpu_memory_utilization` leaves alone."""
+    if device.type != "cuda":
+        return CPU_KV_CACHE_LIMIT
+    free, total = torch.cuda.mem_get_info(device)
+    return int(free - (1 - config.gpu_memory_utilization) * total)
+
+
+def default_num_kv_blocks(config: EngineConfig, max_model_len: int, per_block: int, limit: int) -> int:
+    """Room for `max_num_seqs` requests of `max_model_len` tokens, within `limit` bytes.
+
+    Not all the memory there is (vLLM's choice): more blocks than that could only hold prefix
+    cache, and several engines can then share one GPU, as the chapters' side-by-side
+    comparisons do.
+    """
+    if limit < per_block:
+        raise RuntimeError(
+            f"no memory left for a KV cache: {limit / 2**20:.0f} MiB allowed, one block needs "
+            f"{per_block / 2**10:.0f} KiB; free other engines, raise gpu_memory_utilization, "
+            f"or pass num_kv_blocks / kv_cache_memory"
+        )
+    wanted = config.max_num_seqs * -(-max_model_len // config.block_size)  # whole blocks each
+    return max(1, min(wanted, limit // per_block))
 
 
 class LLMEngine:
