@@ -282,3 +282,10 @@ def test_show_picks_static_or_widget(tiny_checkpoint, monkeypatch):
     assert viz.default_mode() == "static"  # no IPython kernel runs under pytest
     with pytest.raises(ValueError, match="mode must be"):
         viz.show(viz.BatchView(engine), mode="html")
+
+
+def test_views_refuse_an_engine_without_a_trace(tiny_checkpoint):
+    engine = LLM(tiny_checkpoint, num_kv_blocks=40, block_size=BLOCK_SIZE, record_trace=False).engine
+    for view in (viz.BatchView, viz.MemoryView):
+        with pytest.raises(ValueError, match="record_trace=False"):
+            view(engine)

@@ -129,6 +129,11 @@ class LiveView:
         """throttle_s: least time between two live redraws (0 = redraw after every step)."""
         if throttle_s < 0:
             raise ValueError(f"throttle_s must be >= 0, got {throttle_s}")
+        if not engine.config.record_trace:
+            raise ValueError(
+                "this engine keeps no step trace (record_trace=False), and the views draw "
+                "engine.trace: create the LLM with record_trace=True (the default)"
+            )
         self.engine = engine
         self.throttle_s = throttle_s
         self.figure_widgets: list[go.FigureWidget] = []
