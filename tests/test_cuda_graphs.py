@@ -132,9 +132,35 @@ def test_runner_refuses_what_it_cannot_run(checkpoints):
     wide = PagedAttentionMetadata(meta.slot_mapping, meta.query_start_loc, meta.context_lens,
                                   torch.zeros(4, 4, dtype=torch.long))
     assert not runner.can_run(4, wide)  # a block table wider than the static one
-    if not HAS_CUDA:
-        with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
-            runner.capture()
+    with pytest.raises(RuntimeError, match="need the Triton attention backend"):
+        runner.capture()  # the torch reference (backend None) syncs with the host
+
+
+def test_capture_needs_a_cuda_device(checkpoints):
+    if HAS_CUDA:
+        pytest.skip("checks the error on a machine without CUDA")
+    triton_paged_prefill = pytest.importorskip("minilm_engine.attention.triton_paged_prefill")
+    if not triton_paged_prefill.is_interpreted():
+        pytest.skip("the Triton backend runs on the CPU only under TRITON_INTERPRET=1")
+    from minilm_engine.attention.backends import get_attention_backend
+
+    model = load_model(checkpoints["qwen3"].path)
+    cache = PagedKVCache(model.config, 8, 4, model.dtype, model.device)
+    runner = DecodeGraphRunner(model, cache, get_attention_backend("triton", "cpu"), 2, 2)
+    with pytest.raises(RuntimeError, match="need a CUDA device"):
+        runner.capture()
+
+
+def test_a_failed_step_leaves_the_buffers_as_padding(checkpoints):
+    model = load_model(checkpoints["qwen3"].path)
+    cache = PagedKVCache(model.config, 64, 4, model.dtype, model.device)
+    runner = DecodeGraphRunner(model, cache, None, max_batch_size=8, max_blocks_per_seq=8)
+    input_ids, positions, meta = random_decode_step(random.Random(2), 5, cache, model.config.vocab_size)
+    input_ids[2] = model.config.vocab_size + 7  # no such token: the embedding lookup fails
+    with torch.inference_mode(), pytest.raises(IndexError):
+        runner.run(input_ids, positions, meta)
+    assert (runner.slot_mapping == runner.pad_slot).all() and (runner.context_lens == 1).all()
+    assert (runner.block_tables[:, 0] == cache.scratch_block).all()
 
 
 # ----------------------------------------------------------------- the whole engine

@@ -113,34 +113,47 @@ class DecodeGraphRunner:
         num_seqs = input_ids.shape[0]
         bucket = self.bucket_for(num_seqs)
         self._load(input_ids, positions, meta)
-        self.num_runs += 1
-        graph = self.graphs.get(bucket)
-        if graph is None:
-            hidden = self.forward_bucket(bucket)
-        else:
-            graph.replay()
-            self.num_replays += 1
-            hidden = self.outputs[bucket]
-        self._clear(num_seqs)
+        try:
+            self.num_runs += 1
+            graph = self.graphs.get(bucket)
+            if graph is None:
+                hidden = self.forward_bucket(bucket)
+            else:
+                graph.replay()
+                self.num_replays += 1
+                hidden = self.outputs[bucket]
+        finally:
+            # Even after an error: rows left holding real slots would let a later, smaller
+            # step's padding write into a request's blocks.
+            self._clear(num_seqs)
         return hidden[:num_seqs]
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Record one CUDA graph per bucket, the largest first (the smaller graphs then fit into
         the memory pool the largest one reserved)."""
-        if self.model.device.type != "cuda":
-            raise RuntimeError(f"CUDA graphs need a CUDA device; the model is on {self.model.device}")
-        pool = torch.cuda.graph_pool_handle()
-        for bucket in reversed(self.buckets):
-            # Warm-up first, outside the graph: Triton compiles its kernels on their first call
-            # and the caching allocator settles, neither of which may happen during a capture.
-            self.forward_bucket(bucket)
-            torch.cuda.synchronize(self.model.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bucket] = self.forward_bucket(bucket)
-            self.graphs[bucket] = graph
-        torch.cuda.synchronize(self.model.device)
+        if self.backend is None or self.backend.name != "triton":
+            raise RuntimeError(
+                "CUDA graphs need the Triton attention backend: the torch reference asks the host "
+                "which sequences decode (.nonzero()), which a graph cannot record"
+            )
+        device = self.model.device
+        if device.type != "cuda":
+            raise RuntimeError(f"CUDA graphs need a CUDA device; the model is on {device}")
+        # Graphs, their memory pool and Triton's launches all follow the *current* device.
+        with torch.cuda.device(device):
+            pool = torch.cuda.graph_pool_handle()
+            for bucket in reversed(self.buckets):
+                # Warm-up first, outside the graph: Triton compiles its kernels on their first
+                # call and the caching allocator settles, neither of which may happen during a
+                # capture.
+                self.forward_bucket(bucket)
+                torch.cuda.synchronize(device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.outputs[bucket] = self.forward_bucket(bucket)
+                self.graphs[bucket] = graph
+            torch.cuda.synchronize(device)
 
     # -- the padded forward ---------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ step only computed part of a prompt (a chunk) and there is nothing to sample yet
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -77,6 +79,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> list[int | None]:
+        # Triton launches, and graph replays, go to the *current* CUDA device: make it the
+        # model's (it may be cuda:1).
+        device = self.model.device
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            return self._execute(scheduled)
+
+    def _execute(self, scheduled: list[ScheduledRequest]) -> list[int | None]:
         input_ids, positions, meta = self.prepare(scheduled)
         graphs = self.decode_graphs
         if graphs is not None and graphs.can_run(len(input_ids), meta):
