@@ -1,6 +1,6 @@
 """Device and dtype policy: fp32 on a CPU, bf16 on GPUs that support it, fp16 otherwise (T4).
 
-Contract: `resolve_device(None)` picks CUDA when present, else the CPU; `resolve_dtype(spec,
+Contract: `resolve_device(None)` picks $MINILM_DEVICE if set, else CUDA when present, else the CPU; `resolve_dtype(spec,
 device)` accepts "auto", a name ("float16", "fp16", "half", "bfloat16", "bf16", "float32",
 "fp32", "float") or a `torch.dtype`, and raises `ValueError` for anything else.  Asking for
 bfloat16 on a GPU without native bfloat16 (a T4) is not an error: it warns and uses float16.
@@ -9,6 +9,7 @@ The policy itself is `choose_dtype`, a pure function of the device's compute cap
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -26,8 +27,9 @@ _DTYPES = {
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """None: $MINILM_DEVICE if set (the test suite sets "cpu"), else CUDA when present, else the CPU."""
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = os.environ.get("MINILM_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:

@@ -31,6 +31,9 @@ import torch
 # on before anything imports triton (transformers does, through torch._dynamo): here, first.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Tests compare with `transformers` exactly, in fp32, so engines whose device is not given run on
+# the CPU even on a GPU machine; the GPU tests (Triton kernels, CUDA graphs) name their device.
+os.environ.setdefault("MINILM_DEVICE", "cpu")
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import (  # noqa: E402

@@ -50,9 +50,15 @@ def test_resolve_on_this_machine():
         assert resolve_dtype("auto", torch.device("cuda")) in (torch.bfloat16, torch.float16)
 
 
-def test_resolve_device():
+def test_resolve_device(monkeypatch):
     assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.delenv("MINILM_DEVICE", raising=False)
     assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setenv("MINILM_DEVICE", "cpu")
+    assert resolve_device(None) == torch.device("cpu")
+    monkeypatch.setenv("MINILM_DEVICE", "tpu")
+    with pytest.raises(ValueError, match="device must be"):
+        resolve_device(None)  # a wrong value in the environment is named too
     with pytest.raises(ValueError, match="device must be"):
         resolve_device("tpu")
     with pytest.raises(ValueError, match="device must be"):

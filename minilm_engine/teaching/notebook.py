@@ -33,7 +33,7 @@ class NotebookSetup:
 
 def setup(gpu_model: str = GPU_MODEL, verbose: bool = True) -> NotebookSetup:
     smoke = os.environ.get("MINILM_SMOKE", "0") == "1"
-    device = resolve_device(os.environ.get("MINILM_DEVICE") or None)
+    device = resolve_device(None)  # $MINILM_DEVICE, else CUDA when present
     if device.type == "cpu":
         # A 7M-parameter model's matmuls are too small to split across threads, and on a busy
         # machine torch's spinning worker threads make each step 10-30x slower (measured on
