@@ -181,3 +181,5 @@ for k, v in rows:
     print(f"{k:<{width}}  {v}")
 print("=" * 100)
 EOF
+# Non-zero when the tests or the benchmark failed, so a caller need not read the table to know.
+[[ ${TESTS_RC:-0} == 0 && $BENCH_RC == 0 ]] || exit 1

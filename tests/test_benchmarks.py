@@ -1,0 +1,54 @@
+"""The benchmark scripts and the GPU check run end to end, at their smallest sizes.
+
+They are what a GPU session runs in its few minutes of device time, so a script that a change
+elsewhere broke must fail here, on the CPU, first.  What is checked is that they run and report
+every measurement they promise; the numbers themselves are not (timings in tests are noise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **(env or {})})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def test_gpu_check_dry_run_runs_the_tests_and_the_throughput_benchmark(tmp_path):
+    done = run(["bash", "scripts/gpu_check.sh", "--dry-run"], ROOT, {"PYTHON": sys.executable, "OUT": str(tmp_path)})
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "no GPU (dry run on the CPU)" in summary and "(exit 0)" in summary, done.stdout[-3000:]
+    data = json.loads((tmp_path / "throughput.json").read_text())
+    assert data["errors"] == {}
+    runs = {(r["system"], r["workload"].split()[0]): r for r in data["results"]}
+    assert set(runs) == {("minilm-engine", "A"), ("minilm-engine", "B"),
+                         ("transformers.generate (static, batch 4)", "B"),
+                         ("transformers generate_batch (continuous)", "B")}
+    # A run that produced fewer tokens than asked says so in its note.
+    assert not any("produced" in r["note"] for r in runs.values())
+    assert data["minilm_batch1_tokens_per_s"] > 0 and data["ceiling_tokens_per_s"] > 0
+    assert "no CUDA graphs (eager)" in data["minilm-engine"]
+
+
+def test_serving_benchmark_prints_its_five_ratios():
+    out = run([sys.executable, "serving.py", "--quick"], ROOT / "benchmarks").stdout
+    for number in ("1.", "2.", "3.", "4.", "5."):
+        assert f"\n{number} " in out, out
+
+
+def test_kv_cache_benchmark_runs():
+    out = run([sys.executable, "kv_cache.py", "--lengths", "8", "16", "--repeats", "1"], ROOT / "benchmarks").stdout
+    rows = [line.split() for line in out.splitlines() if line.strip().split(" ")[0] in ("8", "16")]
+    assert [row[0] for row in rows] == ["8", "16"] and all(row[3].endswith("x") for row in rows), out
