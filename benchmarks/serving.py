@@ -130,7 +130,7 @@ def prefill_stall(args) -> None:
         llm = LLM(strategy="continuous", enable_chunked_prefill=chunked,
                   max_num_batched_tokens=64 if chunked else 1024, max_num_seqs=8)
         engine = llm.engine
-        ids = llm.tokenizer.encode(long_prompt)[: 900]
+        ids = llm.tokenizer.encode(long_prompt, verbose=False)[: 900]  # cut below: no length warning
         for i, p in enumerate(short):
             engine.add_request(f"s{i}", p, SamplingParams(temperature=0, max_tokens=args.stall_tokens, ignore_eos=True))
         for _ in range(5):

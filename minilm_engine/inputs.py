@@ -39,7 +39,9 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {params!r}")
         if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+            # verbose=False: a prompt longer than the tokenizer's model_max_length gets our own
+            # error below, which names max_model_len, instead of a warning from transformers.
+            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True, verbose=False)
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
             bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
