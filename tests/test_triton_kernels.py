@@ -35,7 +35,9 @@ pytest.importorskip("triton", reason="Triton is not installed (it comes with the
 import minilm_engine.attention as attention_package  # noqa: E402
 from minilm_engine import LLM, SamplingParams  # noqa: E402
 from minilm_engine.attention import backends, triton_paged_prefill  # noqa: E402
+from minilm_engine.attention import triton_paged_decode_split  # noqa: E402
 from minilm_engine.attention.triton_paged_decode import paged_decode_attention  # noqa: E402
+from minilm_engine.attention.triton_paged_decode_split import paged_decode_split_attention  # noqa: E402
 from minilm_engine.attention.triton_paged_prefill import paged_prefill_attention  # noqa: E402
 from minilm_engine.attention.triton_write_kv import write_kv  # noqa: E402
 from minilm_engine.engine.config import EngineConfig  # noqa: E402
@@ -172,6 +174,43 @@ def test_paged_decode_matches_reference(case):
     check_attention(paged_decode_attention, case)
 
 
+# ---------------------------------------------------------------------- decode, split contexts
+P = triton_paged_decode_split.PARTITION_SIZE
+SPLIT_CASES = [
+    Case([(1, 1)], ratio=1, num_kv_heads=1, head_dim=8, block_size=4),  # one partition, one token
+    Case([(P, 1), (P + 1, 1)], ratio=2, num_kv_heads=2, head_dim=16, block_size=16),  # partition edges
+    Case([(2 * P + 37, 1), (5, 1)], ratio=5, num_kv_heads=1, head_dim=64, block_size=16,
+         dtype=torch.float16),  # three partitions beside one; the short one skips the empty ones
+    Case([(P + 9, 1)], ratio=3, num_kv_heads=2, head_dim=12, block_size=3, dtype=torch.bfloat16),  # no powers of 2
+    Case([(3 * P, 1), (P - 1, 1), (17, 1)], ratio=4, num_kv_heads=1, head_dim=8, block_size=1),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=repr)
+def test_split_decode_matches_reference(case):
+    check_attention(paged_decode_split_attention, case)
+
+
+def test_split_decode_merges_partitions_whose_scores_differ_wildly():
+    # One partition holds keys that score far above all others: the merge must rescale the
+    # other partitions by exp(m_p - M) ~ 0 rather than overflow or lose the big one.
+    case = Case([(2 * P + 5, 1)], ratio=1, num_kv_heads=1, head_dim=16, block_size=16)
+    q, k, v, k_cache, v_cache, meta = build(case)
+    k[...] = 0
+    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    k_cache.view(-1, 1, 16)[meta.block_tables[0, P // 16 + 1] * 16] = 40 * q[0, 0] / q[0, 0].norm()
+    out = paged_decode_split_attention(q, k_cache, v_cache, meta)
+    torch.testing.assert_close(out.float(), reference_fp32(q, k_cache, v_cache, meta))
+
+
+def test_when_to_split():
+    should_split = triton_paged_decode_split.should_split
+    assert should_split(num_seqs=1, num_kv_heads=8, max_context=1024, num_sms=132)  # batch 1: split
+    assert not should_split(num_seqs=64, num_kv_heads=8, max_context=1024, num_sms=132)  # GPU full
+    assert not should_split(num_seqs=1, num_kv_heads=8, max_context=P, num_sms=132)  # one partition
+    assert not should_split(num_seqs=1, num_kv_heads=8, max_context=1024, num_sms=0)  # never (CPU)
+
+
 # ---------------------------------------------------------------------- prefill (and mixed steps)
 PREFILL_CASES = [
     Case([(1, 1)], ratio=1, num_kv_heads=1, head_dim=8, block_size=4),  # one token, no prefix
@@ -260,3 +299,21 @@ def test_engine_greedy_tokens_equal_torch_backend(checkpoints, prompts, name):
         tokens[backend] = [out.outputs[0].token_ids for out in llm.generate(prompts[:3], params, use_tqdm=False)]
     assert tokens["triton"] == tokens["torch"]
     assert all(len(t) == 6 for t in tokens["torch"])
+
+
+@pytest.mark.slow  # two prompts of 148 and 244 tokens through the interpreted prefill kernel
+def test_engine_with_split_decode_equals_torch_backend(checkpoints):
+    # Prompts longer than one partition, and a backend told the GPU is huge, so every decode
+    # step of the engine goes through the split kernel and its merge.
+    rng = random.Random(0)
+    prompts = [{"prompt_token_ids": [rng.randrange(300) for _ in range(n)]} for n in (P + 20, 2 * P - 12, 9)]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "split"):
+        llm = LLM(checkpoints["qwen3"].path, device=DEVICE, dtype="float32", max_model_len=2 * P, block_size=16,
+                  num_kv_blocks=64, attention_backend="torch" if backend == "torch" else "triton")
+        if backend == "split":
+            llm.engine.runner.attention_backend = backends.make_triton_backend(num_sms=10**6)
+            assert llm.engine.decode_graphs is None or DEVICE.type == "cuda"
+        tokens[backend] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+    assert tokens["split"] == tokens["torch"]

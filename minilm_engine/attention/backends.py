@@ -65,8 +65,11 @@ def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
     )
 
 
-def make_triton_backend() -> AttentionBackend:
+def make_triton_backend(num_sms: int = 0) -> AttentionBackend:
+    """The Triton kernels; `num_sms` (the GPU's multiprocessor count, 0: never) decides when a
+    decode step splits each context over several programs (`triton_paged_decode_split.py`)."""
     from .triton_paged_decode import paged_decode_attention
+    from .triton_paged_decode_split import paged_decode_split_attention, should_split
     from .triton_paged_prefill import paged_prefill_attention
     from .triton_write_kv import write_kv
 
@@ -75,6 +78,10 @@ def make_triton_backend() -> AttentionBackend:
         # a pure decode step, the common case once prompts are in.  Anything else (prompts,
         # chunks, or decodes mixed with them) goes to the prefill kernel, which handles all.
         if q.shape[0] == meta.num_seqs:
+            # Few sequences leave most of the GPU idle in the plain kernel: split their contexts.
+            max_context = meta.block_tables.shape[1] * k_cache.shape[1]  # a bound, no sync
+            if should_split(meta.num_seqs, k_cache.shape[2], max_context, num_sms):
+                return paged_decode_split_attention(q, k_cache, v_cache, meta)
             return paged_decode_attention(q, k_cache, v_cache, meta)
         return paged_prefill_attention(q, k_cache, v_cache, meta)
 
@@ -92,7 +99,9 @@ def get_attention_backend(
         return TORCH_BACKEND
     reason = triton_unavailable_reason(device, dtype)
     if reason is None:
-        return make_triton_backend()
+        # On the CPU (the interpreter, for tests) the split decode kernel is tested on its own.
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+        return make_triton_backend(num_sms)
     if name == "triton":
         warnings.warn(f"attention_backend='triton' cannot run: {reason}. Using the torch reference.", stacklevel=2)
     return TORCH_BACKEND
