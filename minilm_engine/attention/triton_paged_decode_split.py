@@ -21,6 +21,11 @@ results:
 which is the plain kernel's own rescaling step, applied once per partition instead of once
 per tile: the result is the same softmax, up to rounding.
 
+The partition loop is the plain kernel's loop (gather, scores, online softmax) restricted to
+[start, end).  It is repeated here rather than shared, so that the plain kernel stays one
+self-contained program that appendix A1 reads line by line; the tests hold both to the same
+reference.
+
 The grid is sized from `block_tables.shape[1]` (a bound the host knows without asking the GPU),
 so the launch needs no host sync and a CUDA graph can record it; programs of partitions past a
 sequence's context return at once, and the merge reads only the partitions that exist.
