@@ -64,19 +64,21 @@ else
     if [[ $DRY_RUN == 1 ]]; then
         TEST_PATHS=(tests/test_kernel_stats.py tests/test_triton_kernels.py tests/test_cuda_graphs.py)
         TEST_FILTER=(-k "decode or write_kv or backend or capture or padded")
+        MARKERS="not notebook and not scripts and not slow"  # the interpreter is slow
     else
         TEST_PATHS=(tests)
         TEST_FILTER=()
+        MARKERS="not notebook and not scripts"
     fi
     # Test files whose imports this machine lacks (hypothesis, plotly, ...) would stop the run at
     # collection: find them first and leave them out, by name.
     IGNORES=()
-    BROKEN=$(timeout 60 "$PYTHON" -m pytest "${TEST_PATHS[@]}" -m "not notebook" --collect-only -q \
+    BROKEN=$(timeout 60 "$PYTHON" -m pytest "${TEST_PATHS[@]}" -m "$MARKERS" --collect-only -q \
                  -p no:cacheprovider 2>&1 | sed -n 's/^ERROR \(tests\/[^ :]*\.py\).*/\1/p' | sort -u)
     for f in $BROKEN; do IGNORES+=(--ignore="$f"); done
     [[ -n $BROKEN ]] && echo "left out (imports missing here): $(echo $BROKEN | tr '\n' ' ')"
     echo "== tests (limit ${TESTS_S}s)"
-    timeout -k 10 "$TESTS_S" "$PYTHON" -m pytest "${TEST_PATHS[@]}" -m "not notebook" -q -x -p no:cacheprovider \
+    timeout -k 10 "$TESTS_S" "$PYTHON" -m pytest "${TEST_PATHS[@]}" -m "$MARKERS" -q -x -p no:cacheprovider \
         "${TEST_FILTER[@]}" "${IGNORES[@]}" >"$OUT_DIR/pytest.log" 2>&1
     TESTS_RC=$?
     tail -n 5 "$OUT_DIR/pytest.log"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.scripts]
 
 
 def run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
