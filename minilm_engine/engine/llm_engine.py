@@ -21,7 +21,7 @@ import torch
 
 from ..attention.backends import get_attention_backend
 from ..inputs import InputProcessor, PromptType
-from ..kv_cache.block_manager import BlockManager
+from ..kv_cache.block_manager import BlockManager, cdiv
 from ..kv_cache.block_pool import BlockPool
 from ..kv_cache.paged import PagedKVCache
 from ..models import CausalLM
@@ -69,7 +69,7 @@ def default_num_kv_blocks(config: EngineConfig, max_model_len: int, per_block: i
             f"{per_block / 2**10:.0f} KiB; free other engines, raise gpu_memory_utilization, "
             f"or pass num_kv_blocks / kv_cache_memory"
         )
-    wanted = config.max_num_seqs * -(-max_model_len // config.block_size)  # whole blocks each
+    wanted = config.max_num_seqs * cdiv(max_model_len, config.block_size)  # whole blocks each
     return max(1, min(wanted, limit // per_block))
 
 
@@ -106,13 +106,17 @@ class LLMEngine:
         self.attention_backend = get_attention_backend(
             self.config.attention_backend, model.device, model.dtype
         )
-        self.decode_graphs = self._capture_decode_graphs()
         self.runner = ModelRunner(
-            model, self.cache, self.block_manager, self.attention_backend, self.decode_graphs
+            model, self.cache, self.block_manager, self.attention_backend, self._capture_decode_graphs()
         )
         self.requests: dict[str, Request] = {}
         self.trace = StepTrace()
         self.num_steps = 0
+
+    @property
+    def decode_graphs(self) -> DecodeGraphRunner | None:
+        """The runner's CUDA graphs for decode steps (None: every step runs eagerly)."""
+        return self.runner.decode_graphs
 
     def _capture_decode_graphs(self) -> DecodeGraphRunner | None:
         """CUDA graphs for decode steps: on a CUDA GPU with the Triton backend, unless
@@ -125,7 +129,7 @@ class LLMEngine:
             self.cache,
             self.attention_backend,
             max_batch_size=self.config.max_num_seqs,
-            max_blocks_per_seq=-(-self.max_model_len // self.config.block_size),
+            max_blocks_per_seq=cdiv(self.max_model_len, self.config.block_size),
         )
         graphs.capture()
         return graphs

@@ -69,9 +69,6 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[KVCacheBlock]] = {}
-        # The same tables as plain block ids, kept alongside: the model runner reads every
-        # running request's table every step, and rebuilding it from the blocks costs more.
-        self._block_ids: dict[str, list[int]] = {}
         # Hash chain of each request's committed full blocks: the parent of the next block to
         # cache is the last entry, and its length says how many blocks are already committed.
         self._block_hashes: dict[str, list[int]] = {}
@@ -86,9 +83,8 @@ class BlockManager:
         return self.block_pool.usage
 
     def get_block_table(self, request_id: str) -> list[int]:
-        """Block ids of the request's table, in token order (a copy, safe to keep)."""
-        self._table(request_id)  # a clear KeyError for an unknown request
-        return list(self._block_ids[request_id])
+        """Block ids of the request's table, in token order."""
+        return [block.block_id for block in self._table(request_id)]
 
     # ------------------------------------------------------------------ prefix cache
     def get_computed_blocks(self, token_ids: Sequence[int]) -> tuple[list[KVCacheBlock], int]:
@@ -158,11 +154,9 @@ class BlockManager:
             # Touch before allocating, so that get_new_blocks cannot evict the hit blocks.
             self.block_pool.touch(computed_blocks, request_id)
             self.block_tables[request_id] = list(computed_blocks)
-            self._block_ids[request_id] = [block.block_id for block in computed_blocks]
             self._block_hashes[request_id] = [block.block_hash for block in computed_blocks]
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks, request_id)
         self.block_tables[request_id].extend(new_blocks)
-        self._block_ids[request_id].extend(block.block_id for block in new_blocks)
         return True
 
     def _num_new_blocks_needed(
@@ -272,7 +266,6 @@ class BlockManager:
         table = self._table(request_id)
         self.block_pool.free_blocks(reversed(table), request_id)
         del self.block_tables[request_id]
-        del self._block_ids[request_id]
         del self._block_hashes[request_id]
 
     def _table(self, request_id: str) -> list[KVCacheBlock]:
