@@ -47,6 +47,7 @@ from common import add_threads_option, apply_threads_option, hf_generate_static,
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.device import resolve_dtype
 from minilm_engine.experiments.batching import measure_copy_bandwidth, weight_bytes
+from minilm_engine.experiments.launches import decode_tokens_per_s
 from minilm_engine.models.known_configs import KNOWN_CONFIGS
 from minilm_engine.models.loader import read_config, resolve_model_path
 
@@ -151,12 +152,6 @@ def run_minilm(llm: LLM, workload: Workload, device) -> Result:
     seconds = time.perf_counter() - start
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     return Result("minilm-engine", workload.name, num_tokens, seconds, check_count(num_tokens, workload))
-
-
-def minilm_batch1_tokens_per_s(llm: LLM, prompt: list[int], num_tokens: int) -> float:
-    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
-    (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
-    return 1 / out.metrics.tpot  # decode steps only: the mean gap between tokens
 
 
 def check_count(num_tokens: int, workload: Workload) -> str:
@@ -443,15 +438,16 @@ def main(argv=None) -> int:
         report.set(copy_bandwidth_GBps=bandwidth / 1e9, weight_GB=num_weight_bytes / 1e9,
                    ceiling_tokens_per_s=bandwidth / num_weight_bytes)
 
-    prompt = workload_b.prompts[0]
+    prompt = workload_b.prompts[0]  # token ids
+    engine_prompt = {"prompt_token_ids": prompt}
     report.attempt("copy bandwidth", ceiling)
     report.attempt("minilm-engine batch-1", lambda: report.set(
-        minilm_batch1_tokens_per_s=minilm_batch1_tokens_per_s(llm, prompt, args.batch1_tokens)))
+        minilm_batch1_tokens_per_s=decode_tokens_per_s(llm, engine_prompt, args.batch1_tokens)))
     if eager_llm is not None:
         def eager_batch1():
-            minilm_batch1_tokens_per_s(eager_llm, prompt, 8)  # warm-up
-            report.set(minilm_eager_batch1_tokens_per_s=minilm_batch1_tokens_per_s(
-                eager_llm, prompt, args.batch1_tokens))
+            decode_tokens_per_s(eager_llm, engine_prompt, 8)  # warm-up
+            report.set(minilm_eager_batch1_tokens_per_s=decode_tokens_per_s(
+                eager_llm, engine_prompt, args.batch1_tokens))
 
         report.attempt("minilm-engine batch-1, eager", eager_batch1)
         del eager_llm

@@ -46,8 +46,7 @@ class IncrementalDetokenizer:
 
     def step(self, tokenizer, token_ids: list[int]) -> str:
         """The text completed by the last of `token_ids` (all the output tokens so far)."""
-        prefix_text = decode(tokenizer, token_ids[self.prefix_offset : self.read_offset])
-        new_text = decode(tokenizer, token_ids[self.prefix_offset :])
+        prefix_text, new_text = self._window(tokenizer, token_ids)
         if len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR):
             return ""  # a skipped special token, or half a character: wait for more
         self.prefix_offset, self.read_offset = self.read_offset, len(token_ids)
@@ -55,7 +54,11 @@ class IncrementalDetokenizer:
 
     def flush(self, tokenizer, token_ids: list[int]) -> str:
         """What is still held back (bytes of a character that never completed), as `decode` shows it."""
-        prefix_text = decode(tokenizer, token_ids[self.prefix_offset : self.read_offset])
-        new_text = decode(tokenizer, token_ids[self.prefix_offset :])
+        prefix_text, new_text = self._window(tokenizer, token_ids)
         self.prefix_offset = self.read_offset = len(token_ids)
         return new_text[len(prefix_text) :]
+
+    def _window(self, tokenizer, token_ids: list[int]) -> tuple[str, str]:
+        """(text already returned from the window, text of the whole window)."""
+        prefix_text = decode(tokenizer, token_ids[self.prefix_offset : self.read_offset])
+        return prefix_text, decode(tokenizer, token_ids[self.prefix_offset :])

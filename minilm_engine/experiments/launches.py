@@ -4,8 +4,9 @@ graphs buy back.
 Contract: `count_ops(fn)` runs `fn()` once and returns how many times each tensor operation was
 dispatched (views, which launch nothing, left out); on a GPU each of these is at least one
 kernel launch.  Triton kernels are not torch operations and are not counted.
-`graph_speedup(model_path, ...)` measures batch-1 decode tokens/s of an engine that replays CUDA
-graphs against one that runs eagerly (`enforce_eager=True`); it needs a CUDA GPU.
+`decode_tokens_per_s(llm, prompt, num_tokens)` is the batch-1 decode speed of one request, from
+its token times; `graph_speedup(model_path, ...)` compares it between an engine that replays
+CUDA graphs and one that runs eagerly (`enforce_eager=True`); it needs a CUDA GPU.
 `padding_per_bucket(max_batch_size)` is the share of padding rows each batch size carries
 when it runs in its graph's bucket.
 
@@ -63,21 +64,29 @@ class GraphSpeedup:
         return self.graphs_tokens_per_s / self.eager_tokens_per_s
 
 
+def decode_tokens_per_s(llm, prompt, num_tokens: int) -> float:
+    """Batch-1 decode tokens/s of one greedy request: 1 / the mean gap between its tokens (the
+    prefill, before the first token, is left out)."""
+    from .. import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
+    (out,) = llm.generate([prompt], params, use_tqdm=False)
+    return 1 / out.metrics.tpot
+
+
 def graph_speedup(model_path, num_tokens: int = 128, prompt: str = "Order for table 7:", **llm_args) -> GraphSpeedup:
     """Batch-1 decode tokens/s with CUDA graphs and without (two engines on the same GPU)."""
-    from .. import LLM, SamplingParams
+    from .. import LLM
 
     if not torch.cuda.is_available():
         raise RuntimeError("graph_speedup needs a CUDA GPU: graphs are a CUDA feature")
     llm_args.setdefault("num_kv_blocks", 512)  # one request: left alone, each engine would take 90% of the GPU
-    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
     tokens_per_s = {}
     replays = 0
     for eager in (False, True):
         llm = LLM(model_path, device="cuda", enforce_eager=eager, max_num_seqs=1, record_trace=False, **llm_args)
-        llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
-        (out,) = llm.generate(prompt, params, use_tqdm=False)
-        tokens_per_s[eager] = 1 / out.metrics.tpot  # decode steps only: the mean gap between tokens
+        decode_tokens_per_s(llm, prompt, 8)  # warm-up
+        tokens_per_s[eager] = decode_tokens_per_s(llm, prompt, num_tokens)
         if not eager:
             replays = llm.engine.decode_graphs.num_replays
         del llm
