@@ -31,7 +31,6 @@ from minilm_engine.experiments.batching import (
 )
 from minilm_engine.experiments.toy_simulator import continuous_num_steps, simulate
 from minilm_engine.experiments.workloads import LengthMix, mixed_workload
-from minilm_engine.teaching import exercises_batching
 
 MIX = LengthMix(short=(1, 6), long=(14, 20), long_fraction=0.25)
 NUM_SEATS = 4
@@ -162,26 +161,6 @@ def test_figures_show_the_numbers():
     assert "9 steps" in occ.layout.annotations[0].text
     run = batching.ProbeLatency(4, 0.01, 0.002, 0.1)
     assert list(batching.neighbours_figure([run]).data[1].y) == [2.0]
-
-
-def test_exercises_check_reference_stub_and_wrong_answers():
-    for exercise in (exercises_batching.continuous_steps, exercises_batching.static_padding):
-        assert exercise.check(exercise.reference).passed
-
-        def stub(lengths, num_seats):
-            raise NotImplementedError
-
-        result = exercise.check(stub)
-        assert not result.passed and "not implemented" in result.message
-        assert "on input" in exercise.check(lambda lengths, num_seats: 0).message
-
-        def buggy(lengths, num_seats):
-            raise KeyError("oops")
-
-        assert "raised KeyError" in exercise.check(buggy).message
-    # the usual wrong answer: perfect packing, as if requests could be split across seats
-    wrong = lambda lengths, num_seats: -(-sum(lengths) // num_seats)  # noqa: E731
-    assert not exercises_batching.continuous_steps.check(wrong).passed
 
 
 def test_batching_gain():

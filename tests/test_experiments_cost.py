@@ -20,7 +20,6 @@ from minilm_engine.experiments.cost import (
     tokens_per_second_needed,
     unit_cost,
 )
-from minilm_engine.teaching.exercises_cost_kv import COST_PER_MILLION
 
 positive = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -102,14 +101,3 @@ def test_wrong_receipts_are_caught() -> None:
     assert not audit_receipt("no receipt here").adds_up
 
 
-def test_the_exercise_checker() -> None:
-    assert COST_PER_MILLION.check(cost_per_million_tokens).passed
-    per_second = COST_PER_MILLION.check(
-        lambda price_per_hour, tokens_per_second: price_per_hour / tokens_per_second * 1e6
-    )
-    assert not per_second.passed and "expected" in per_second.message
-
-    def stub(price_per_hour, tokens_per_second):
-        raise NotImplementedError
-
-    assert "not implemented" in COST_PER_MILLION.check(stub).message

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import random
 
 import pytest
 import torch
@@ -20,10 +19,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # conftest.py did it already, earlier
 
 from minilm_engine.attention.kernel_stats import (  # noqa: E402
-    EXERCISE_DTYPES,
     decode_arithmetic_intensity,
     decode_kv_bytes,
-    decode_kv_bytes_exercise,
     decode_traffic,
     key_locations,
     measure_decode_bandwidth,
@@ -98,20 +95,6 @@ def test_contiguous_blocks_give_the_same_attention():
         paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta),
         rtol=0, atol=0,
     )
-
-
-def test_exercise_accepts_the_reference_and_rejects_a_constant_two_bytes():
-    assert decode_kv_bytes_exercise.check(decode_kv_bytes).passed
-    result = decode_kv_bytes_exercise.check(lambda num_seqs, context_len, num_kv_heads, head_dim, dtype:
-                                            2 * num_seqs * context_len * num_kv_heads * head_dim * 2)
-    assert not result.passed and "expected" in result.message
-
-    def stub(**kwargs):
-        raise NotImplementedError
-
-    assert "not implemented" in decode_kv_bytes_exercise.check(stub).message
-    cases = [decode_kv_bytes_exercise.make_case(random.Random(s)) for s in range(50)]
-    assert {c["dtype"] for c in cases} <= set(EXERCISE_DTYPES)
 
 
 # ------------------------------------------------------------ the kernel (Triton)

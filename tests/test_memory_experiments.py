@@ -14,12 +14,10 @@ from minilm_engine.experiments import memory
 from minilm_engine.kv_cache.block_pool import hash_block_tokens
 from minilm_engine.outputs import CompletionOutput, RequestOutput
 from minilm_engine.teaching.exercises_paging import (
-    cached_prefix_exercise,
     chain_hashes,
     engine_cached_prefix_blocks,
+    engine_prefill_chunks,
     engine_slot_mapping,
-    prefill_chunks_exercise,
-    slot_mapping_exercise,
 )
 
 MODEL = "noodle-apprentice"
@@ -120,21 +118,6 @@ def test_slot_mapping_reference_follows_the_docstring_picture() -> None:
     assert engine_slot_mapping([3], 16, 5, 5) == []
 
 
-def test_slot_mapping_exercise_accepts_a_correct_answer_and_explains_a_wrong_one() -> None:
-    def right(block_table, block_size, start, end):
-        return [
-            block_table[p // block_size] * block_size + p % block_size for p in range(start, end)
-        ]
-
-    def forgets_block_size(block_table, block_size, start, end):
-        return [block_table[p // block_size] + p % block_size for p in range(start, end)]
-
-    assert slot_mapping_exercise.check(right).passed
-    wrong = slot_mapping_exercise.check(forgets_block_size)
-    assert not wrong.passed and "expected" in wrong.message
-    assert not slot_mapping_exercise.check(stub).passed  # reported, not raised
-
-
 def test_cached_prefix_reference_stops_at_the_first_miss_and_keeps_one_token() -> None:
     tokens = [1, 2, 3, 4, 5, 6, 7, 8]
     h = chain_hashes(tokens, 2)
@@ -147,49 +130,8 @@ def test_cached_prefix_reference_stops_at_the_first_miss_and_keeps_one_token() -
     assert engine_cached_prefix_blocks(tokens, 2, unchained) == [4]
 
 
-def test_cached_prefix_exercise_catches_the_usual_mistakes() -> None:
-    def walk(token_ids, block_size, cached, chain=True, cap=True, stop=True):
-        hits, parent = [], None
-        num_blocks = (len(token_ids) - 1) // block_size if cap else len(token_ids) // block_size
-        for i in range(num_blocks):
-            block = token_ids[i * block_size : (i + 1) * block_size]
-            parent = hash_block_tokens(parent if chain else None, block)
-            if parent in cached:
-                hits.append(cached[parent])
-            elif stop:
-                break
-        return hits
+def test_prefill_chunks_reference_follows_the_scheduler_arithmetic() -> None:
+    assert engine_prefill_chunks(900, 6, 64) == [58] * 15 + [30]
+    assert engine_prefill_chunks(10, 0, 4) == [4, 4, 2]
+    assert engine_prefill_chunks(5, 3, 4) == [1] * 5
 
-    assert cached_prefix_exercise.check(walk).passed
-    for mistake in ({"chain": False}, {"cap": False}, {"stop": False}):
-        result = cached_prefix_exercise.check(lambda m=mistake, **case: walk(**case, **m))
-        assert not result.passed, mistake
-    assert not cached_prefix_exercise.check(stub).passed
-
-
-def test_prefill_chunks_exercise_matches_the_scheduler_arithmetic() -> None:
-    reference = prefill_chunks_exercise.reference
-    assert reference(900, 6, 64) == [58] * 15 + [30]
-    assert reference(10, 0, 4) == [4, 4, 2]
-    assert reference(5, 3, 4) == [1] * 5
-
-    def right(num_prompt_tokens, num_decoding, max_num_batched_tokens):
-        chunks, remaining = [], num_prompt_tokens
-        while remaining:
-            chunks.append(min(remaining, max_num_batched_tokens - num_decoding))
-            remaining -= chunks[-1]
-        return chunks
-
-    def ignores_decoders(num_prompt_tokens, num_decoding, max_num_batched_tokens):
-        return right(num_prompt_tokens, 0, max_num_batched_tokens)
-
-    assert prefill_chunks_exercise.check(right).passed
-    assert not prefill_chunks_exercise.check(ignores_decoders).passed
-    assert not prefill_chunks_exercise.check(stub).passed
-
-
-def test_solutions_show_the_engine_methods() -> None:
-    pytest.importorskip("IPython")
-    assert "slot_mapping" in slot_mapping_exercise.solution().data
-    assert "get_computed_blocks" in cached_prefix_exercise.solution().data
-    assert "_num_tokens_to_compute" in prefill_chunks_exercise.solution().data

@@ -16,7 +16,6 @@ before triton is first imported.
     with_contiguous_blocks(batch)               the same step, blocks renumbered in token order
     time_decode_kernel(batch)                   seconds per kernel call (do_bench on a GPU)
     measure_decode_bandwidth(...)               achieved bytes/s of the kernel (meant for a GPU)
-    decode_kv_bytes_exercise                    appendix A1's exercise (reference: decode_kv_bytes)
 
 A decode step is memory-bound: per key position and K/V head the kernel loads 2 * D numbers
 (a key and a value) and does 4 * G * D FLOPs with them (G query heads, q.k and p*v), so it does
@@ -37,7 +36,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..kv_cache.paged import PagedAttentionMetadata
-from ..teaching.exercises import Exercise
 
 # -- byte counts ---------------------------------------------------------------------------
 
@@ -286,29 +284,3 @@ def measure_decode_bandwidth(
         results.append(DecodeBandwidth(context_len, num_seqs, batch.traffic().read_bytes, seconds))
         del batch
     return results
-
-
-# -- the exercise --------------------------------------------------------------------------
-
-EXERCISE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)
-
-
-def _decode_bytes_case(rng: random.Random) -> dict:
-    return {
-        "num_seqs": rng.randint(1, 256),
-        "context_len": rng.randint(1, 32768),
-        "num_kv_heads": rng.choice([1, 2, 4, 8]),
-        "head_dim": rng.choice([64, 128, 256]),
-        "dtype": rng.choice(EXERCISE_DTYPES),
-    }
-
-
-decode_kv_bytes_exercise = Exercise(
-    "decode_kv_bytes",
-    decode_kv_bytes,
-    _decode_bytes_case,
-    hint=(
-        "Each (sequence, K/V head) program reads context_len keys and context_len values of "
-        "head_dim elements; dtype.itemsize gives the bytes of one element."
-    ),
-)

@@ -1,18 +1,31 @@
-"""Exercises with checkers: the learner writes a function, the package's own is the reference.
+"""Exercises with checkers: the learner writes a function, the checker runs it on stored cases.
 
-Contract: `Exercise(name, reference, make_case)` runs `check(fn)` on `num_cases` random cases
-from `make_case(rng)`, compares the learner's result with the reference's, and reports the
-first case that differs in plain words.  `solution()` shows the reference's real source,
-folded away until clicked.
+Contract: `Exercise(name, fixture, ...)` reads `fixtures/<fixture>.json`, a list of
+`{"inputs": {...}, "expected": ...}` cases whose expected answers were computed once from the
+package's own code by `scripts/make_exercise_fixtures.py` (tests/test_exercises.py recomputes
+them, so they cannot drift).  The checker holds no function a notebook could call to get the
+answers.  `check(fn)` runs the learner's function on every case, compares inside the same
+`try` (an answer of the wrong type gets feedback, never a traceback) and reports the first case
+that differs in plain words.  `decode` turns a stored case into the function's arguments (a
+config object, a torch dtype).  `solution()` shows the package's real code, folded, and links
+the worked solutions in `notebooks/solutions/`.
 """
 
 from __future__ import annotations
 
+import html
+import importlib
 import inspect
-import random
+import json
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
 from typing import Any
+
+FIXTURES_DIR = Path(__file__).parent / "fixtures"
 
 
 @dataclass
@@ -24,54 +37,121 @@ class CheckResult:
     def _repr_html_(self) -> str:
         color = "#1a7f37" if self.passed else "#cf222e"
         icon = "✅" if self.passed else "❌"
-        return f'<div style="color:{color}"><b>{icon} {self.message}</b></div>'
+        return f'<div style="color:{color}"><b>{icon} {html.escape(self.message)}</b></div>'
 
     def __repr__(self) -> str:
         return ("PASS: " if self.passed else "FAIL: ") + self.message
 
 
+def exact(got: Any, want: Any) -> bool:
+    """Equal, and of the same kind: a tuple is not accepted for a list, nor 3.0 for 3."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return got is want
+    if isinstance(want, int):
+        return isinstance(got, numbers.Integral) and got == want
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(exact, got, want))
+    return got == want
+
+
+def close(got: Any, want: Any, rel_tol: float = 1e-9) -> bool:
+    """A real number within `rel_tol` of the expected one."""
+    return (
+        isinstance(got, (int, float))
+        and not isinstance(got, bool)
+        and math.isclose(got, want, rel_tol=rel_tol)
+    )
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
 class Exercise:
+    """One "Your turn" function and its checker (see the module docstring)."""
+
     def __init__(
         self,
         name: str,
-        reference: Callable[..., Any],
-        make_case: Callable[[random.Random], dict[str, Any]],
-        compare: Callable[[Any, Any], bool] | None = None,
+        fixture: str,
+        *,
+        decode: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        compare: Callable[[Any, Any], bool] = exact,
         hint: str = "",
+        shows: tuple[str, ...] = (),
+        solutions: str = "",
     ):
+        """shows: the package code the solution reveals, as "module:qualname" strings;
+        solutions: the notebook in notebooks/solutions/ with the worked solution."""
         self.name = name
-        self.reference = reference
-        self.make_case = make_case
-        self.compare = compare or (lambda got, want: got == want)
+        self.fixture = fixture
+        self.decode = decode or (lambda raw: dict(raw))
+        self.compare = compare
         self.hint_text = hint
+        self.shows = shows
+        self.solutions = solutions
 
-    def check(self, fn: Callable[..., Any], num_cases: int = 50, seed: int = 0) -> CheckResult:
-        rng = random.Random(seed)
-        for i in range(num_cases):
-            case = self.make_case(rng)
-            want = self.reference(**case)
+    @cached_property
+    def cases(self) -> list[dict[str, Any]]:
+        return json.loads((FIXTURES_DIR / f"{self.fixture}.json").read_text())
+
+    def check(self, fn: Callable[..., Any], num_cases: int | None = None) -> CheckResult:
+        cases = self.cases[:num_cases] if num_cases else self.cases
+        if not callable(fn):
+            return CheckResult(False, 0, f"{self.name}: pass your function itself, got {fn!r}")
+        for i, stored in enumerate(cases):
+            case = self.decode(stored["inputs"])
+            want = stored["expected"]
             try:
                 got = fn(**case)
+                ok = self.compare(got, want)
             except NotImplementedError:
                 return CheckResult(False, i, f"{self.name}: not implemented yet")
-            except Exception as e:  # the learner's bug, reported rather than raised
-                return CheckResult(False, i, f"{self.name} raised {type(e).__name__}: {e} on input {case}")
-            if not self.compare(got, want):
+            except Exception as e:  # noqa: BLE001 - the learner's bug, reported rather than raised
                 return CheckResult(
-                    False, i, f"{self.name}: on input {case} you returned {got!r}, expected {want!r}"
+                    False, i, f"{self.name} raised {type(e).__name__}: {e} on input {_show(case)}"
                 )
-        return CheckResult(True, num_cases, f"{self.name}: all {num_cases} random cases match the engine")
+            if not ok:
+                kinds = f" (a {_kind(got)}; expected a {_kind(want)})" if _kind(got) != _kind(want) else ""
+                return CheckResult(
+                    False,
+                    i,
+                    f"{self.name}: on input {_show(case)} you returned {got!r}{kinds}, expected {want!r}",
+                )
+        return CheckResult(True, len(cases), f"{self.name}: all {len(cases)} cases match the engine")
 
     def hint(self) -> str:
         return self.hint_text
 
     def solution(self):
-        """The package's own implementation, folded (click to reveal)."""
+        """The package's own code for it, folded (click to reveal), and where the worked
+        solution lives."""
         from IPython.display import HTML
-        import html
 
-        source = html.escape(inspect.getsource(self.reference))
-        return HTML(
-            f"<details><summary>Show the solution ({self.reference.__qualname__})</summary>"
-            f"<pre>{source}</pre></details>"
-        )
+        parts = []
+        for target in self.shows:
+            obj = resolve(target)
+            source = html.escape(inspect.getsource(obj))
+            parts.append(
+                f"<details><summary>The engine's code: {html.escape(obj.__qualname__)}</summary>"
+                f"<pre>{source}</pre></details>"
+            )
+        if self.solutions:
+            parts.append(
+                f"<p>A worked solution, explained: <a href='solutions/{self.solutions}'>"
+                f"solutions/{self.solutions}</a></p>"
+            )
+        return HTML("\n".join(parts))
+
+
+def resolve(target: str) -> Any:
+    """"package.module:Class.attr" -> the object."""
+    module_name, _, qualname = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _show(case: dict[str, Any]) -> str:
+    return "(" + ", ".join(f"{k}={v!r}" for k, v in case.items()) + ")"

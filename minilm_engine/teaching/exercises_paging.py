@@ -1,9 +1,10 @@
 """Exercises of chapters 03 and 04: the arithmetic of paged KV memory and of the step budget.
 
-Contract: each exercise's reference runs the engine's own code (`BlockManager.slot_mapping`,
-`BlockManager.get_computed_blocks`, `Scheduler.schedule`) on the case's plain inputs, through a
-small adapter that builds a real `BlockPool` / `BlockManager` / `Scheduler` holding exactly that
-state; `solution()` shows the engine methods themselves.
+Contract: each exercise's stored cases were answered by the engine's own code
+(`BlockManager.slot_mapping`, `BlockManager.get_computed_blocks`, `Scheduler.schedule`) through
+the `engine_*` adapters below, which build a real `BlockPool` / `BlockManager` / `Scheduler`
+holding exactly the case's state (`scripts/make_exercise_fixtures.py`); `solution()` shows the
+engine methods themselves.
 
     slot_mapping_exercise     (03) where does each token's K/V go?  block table -> cache slots
     cached_prefix_exercise    (03) which blocks of a new prompt are cached?  the hash chain
@@ -12,10 +13,8 @@ state; `solution()` shows the engine methods themselves.
 
 from __future__ import annotations
 
-import html
-import inspect
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..engine.config import EngineConfig
@@ -25,31 +24,6 @@ from ..kv_cache.block_pool import BlockPool, hash_block_tokens
 from ..request import Request
 from ..sampling_params import SamplingParams
 from .exercises import Exercise
-
-
-class EngineExercise(Exercise):
-    """An `Exercise` whose reference adapts engine methods; `solution()` shows those methods."""
-
-    def __init__(
-        self,
-        name: str,
-        reference: Callable[..., Any],
-        make_case: Callable[[random.Random], dict[str, Any]],
-        engine_methods: tuple[Callable[..., Any], ...],
-        hint: str = "",
-    ):
-        super().__init__(name, reference, make_case, hint=hint)
-        self.engine_methods = engine_methods
-
-    def solution(self):
-        from IPython.display import HTML
-
-        names = " and ".join(m.__qualname__ for m in self.engine_methods)
-        source = "\n".join(html.escape(inspect.getsource(m)) for m in self.engine_methods)
-        return HTML(
-            f"<details><summary>Show the solution (the engine's {names})</summary>"
-            f"<pre>{source}</pre></details>"
-        )
 
 
 # -- 1. slot mapping ----------------------------------------------------------------------------
@@ -63,7 +37,7 @@ def engine_slot_mapping(block_table: list[int], block_size: int, start: int, end
     return manager.slot_mapping("r", start, end)
 
 
-def _slot_mapping_case(rng: random.Random) -> dict[str, Any]:
+def make_slot_mapping_case(rng: random.Random) -> dict[str, Any]:
     block_size = rng.choice([1, 2, 4, 8, 16])
     table = rng.sample(range(32), rng.randint(1, 6))
     capacity = len(table) * block_size
@@ -72,11 +46,11 @@ def _slot_mapping_case(rng: random.Random) -> dict[str, Any]:
     return {"block_table": table, "block_size": block_size, "start": start, "end": end}
 
 
-slot_mapping_exercise = EngineExercise(
+slot_mapping_exercise = Exercise(
     "slot_mapping",
-    engine_slot_mapping,
-    _slot_mapping_case,
-    (BlockManager.slot_mapping,),
+    "slot_mapping",
+    shows=("minilm_engine.kv_cache.block_manager:BlockManager.slot_mapping",),
+    solutions="03_paged_memory_solutions.ipynb",
     hint=(
         "Position p lives in the (p // block_size)-th block of the table, at offset "
         "p % block_size inside it; a block with id b starts at slot b * block_size."
@@ -110,7 +84,7 @@ def chain_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     return hashes
 
 
-def _cached_prefix_case(rng: random.Random) -> dict[str, Any]:
+def make_cached_prefix_case(rng: random.Random) -> dict[str, Any]:
     """A prompt and a cache holding some of its blocks: a leading run, sometimes a later block
     whose parent was evicted, sometimes hashes of the same tokens without the chain."""
     block_size = rng.choice([2, 3, 4])
@@ -131,11 +105,17 @@ def _cached_prefix_case(rng: random.Random) -> dict[str, Any]:
     return {"token_ids": token_ids, "block_size": block_size, "cached": cached}
 
 
-cached_prefix_exercise = EngineExercise(
+def _decode_cached_prefix(raw: dict[str, Any]) -> dict[str, Any]:
+    """JSON keys are strings: the cache maps int hashes to block ids."""
+    return {**raw, "cached": {int(h): block_id for h, block_id in raw["cached"].items()}}
+
+
+cached_prefix_exercise = Exercise(
     "cached_prefix_blocks",
-    engine_cached_prefix_blocks,
-    _cached_prefix_case,
-    (BlockManager.get_computed_blocks,),
+    "cached_prefix_blocks",
+    decode=_decode_cached_prefix,
+    shows=("minilm_engine.kv_cache.block_manager:BlockManager.get_computed_blocks",),
+    solutions="03_paged_memory_solutions.ipynb",
     hint=(
         "Walk the full blocks in order with parent = None, then parent = "
         "hash_block_tokens(parent, block_tokens); look each hash up in `cached` and stop at "
@@ -188,7 +168,7 @@ def engine_prefill_chunks(
     return chunks
 
 
-def _prefill_chunks_case(rng: random.Random) -> dict[str, Any]:
+def make_prefill_chunks_case(rng: random.Random) -> dict[str, Any]:
     num_decoding = rng.randint(0, 8)
     return {
         "num_prompt_tokens": rng.randint(1, 300),
@@ -197,11 +177,14 @@ def _prefill_chunks_case(rng: random.Random) -> dict[str, Any]:
     }
 
 
-prefill_chunks_exercise = EngineExercise(
+prefill_chunks_exercise = Exercise(
     "prefill_chunks",
-    engine_prefill_chunks,
-    _prefill_chunks_case,
-    (Scheduler.schedule, Scheduler._num_tokens_to_compute),
+    "prefill_chunks",
+    shows=(
+        "minilm_engine.engine.scheduler:Scheduler.schedule",
+        "minilm_engine.engine.scheduler:Scheduler._num_tokens_to_compute",
+    ),
+    solutions="04_prefill_vs_decode_solutions.ipynb",
     hint=(
         "Every step has max_num_batched_tokens tokens to give. Running requests are served "
         "first, oldest first: each decoding request takes 1. What is left goes to the prompt, "
