@@ -92,8 +92,12 @@ except NotImplementedError:
     for c in nb.cells:
         c.source = c.source.replace("The checker runs the engine's own `Scheduler`\non 50 random cases.",
                                     "The checker runs your function on 50 cases that the engine's own\n`Scheduler` answered.")
-        c.source = c.source.replace("Next: chapter 05, in this folder.",
-                                    "Next: [05 · speculative decoding](05_speculative_decoding.ipynb): a small draft model guesses\nseveral tokens, and one step of the big model checks them all.")
+        import os
+        linked = "Next: [05 · speculative decoding](05_speculative_decoding.ipynb): a small draft model guesses\nseveral tokens, and one step of the big model checks them all."
+        plain = "Next: 05 · speculative decoding (`05_speculative_decoding.ipynb`, being written): a small draft\nmodel guesses several tokens, and one step of the big model checks them all."
+        exists = os.path.exists(os.path.join(os.path.dirname(p), "05_speculative_decoding.ipynb"))
+        for old in ("Next: chapter 05, in this folder.", linked, plain):
+            c.source = c.source.replace(old, linked if exists else plain)
     save(nb, p)
 
 def a1(p):

@@ -66,3 +66,29 @@ def test_resolve_device(monkeypatch):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA GPU"):
             resolve_device("cuda")
+
+
+@pytest.mark.parametrize(
+    "capability, triton_version, runs",
+    [((7, 5), "3.6.0", False), ((7, 5), "3.2.0", True), ((8, 0), "3.6.0", True), ((9, 0), "3.9.1", True)],
+)
+def test_a_t4_gets_the_torch_attention_with_the_reason(monkeypatch, capability, triton_version, runs):
+    """Colab's T4 (7.5) with Colab's Triton 3.6: "auto" must not pick kernels Triton cannot build."""
+    pytest.importorskip("triton")
+    import triton
+
+    from minilm_engine.attention import backends, triton_paged_prefill
+    from minilm_engine.teaching.notebook import attention_summary
+
+    monkeypatch.setattr(triton_paged_prefill, "is_interpreted", lambda: False)  # as on a real GPU
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(triton, "__version__", triton_version)
+    reason = backends.triton_unavailable_reason(torch.device("cuda"), torch.float16)
+    assert (reason is None) == runs
+    summary = attention_summary(torch.device("cuda"), torch.float16)
+    if runs:
+        assert summary == "triton kernels"
+    else:
+        assert "compute capability 7.5" in reason and "T4" in reason
+        assert summary.startswith("torch reference, because Triton 3.6.0")
+        assert choose_dtype("auto", "cuda", capability) == (torch.float16, None)

@@ -9,6 +9,7 @@ but shows the wrong blocks or the wrong waste fails.
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 
 import plotly.graph_objects as go
@@ -274,11 +275,16 @@ def test_show_picks_static_or_widget(tiny_checkpoint, monkeypatch):
     viz.show(viz.BatchView(engine))
     viz.show(viz.MemoryView(engine), mode="widget")
     (bundle, raw), (box, _) = shown
-    # Static: plotly's mimetype for JupyterLab, and HTML that an exported notebook shows.
-    assert raw and {"application/vnd.plotly.v1+json", "text/html", "text/plain"} <= set(bundle)
-    assert "Continuous batching" in bundle["text/html"] and "cdn.plot.ly" in bundle["text/html"]
+    # Static figures for committed outputs: a PNG (GitHub shows images, not plotly's JavaScript).
+    assert raw and set(bundle) == {"image/png", "text/plain"}
+    assert base64.b64decode(bundle["image/png"]).startswith(b"\x89PNG")
+    assert "Continuous batching" in bundle["text/plain"]
     assert isinstance(box.children[1], go.FigureWidget)
     monkeypatch.delenv("MINILM_STATIC_FIGURES")
+    # Without it, a static figure is plotly's own: interactive in JupyterLab and in HTML exports.
+    bundle = viz.static_bundle(viz.BatchView(engine).figure())
+    assert {"application/vnd.plotly.v1+json", "text/html", "text/plain"} <= set(bundle)
+    assert "Continuous batching" in bundle["text/html"] and "cdn.plot.ly" in bundle["text/html"]
     assert viz.default_mode() == "static"  # no IPython kernel runs under pytest
     with pytest.raises(ValueError, match="mode must be"):
         viz.show(viz.BatchView(engine), mode="html")
@@ -289,3 +295,62 @@ def test_views_refuse_an_engine_without_a_trace(tiny_checkpoint):
     for view in (viz.BatchView, viz.MemoryView):
         with pytest.raises(ValueError, match="record_trace=False"):
             view(engine)
+
+
+# -- frontends: Colab's anywidget view, static PNG figures ---------------------------------------
+
+
+def test_colab_is_detected_by_its_environment_variable(monkeypatch):
+    from minilm_engine.viz import frontend
+
+    monkeypatch.delenv("COLAB_NOTEBOOK_ID", raising=False)
+    monkeypatch.delenv("MINILM_WIDGET_RENDERER", raising=False)
+    assert not viz.in_colab() and viz.live_renderer() == "figurewidget"
+    monkeypatch.setenv("COLAB_NOTEBOOK_ID", "1a2b3c")
+    assert viz.in_colab() and viz.live_renderer() == "anywidget"
+    monkeypatch.setenv("MINILM_WIDGET_RENDERER", "figurewidget")
+    assert viz.live_renderer() == "figurewidget"
+    monkeypatch.setenv("MINILM_WIDGET_RENDERER", "bokeh")
+    with pytest.raises(ValueError, match="MINILM_WIDGET_RENDERER"):
+        frontend.live_renderer()
+
+
+def test_in_colab_the_live_view_is_an_anywidget_that_follows_the_engine(tiny_checkpoint, monkeypatch):
+    from minilm_engine.viz.anywidget_figure import PlotlyAnyWidget
+
+    monkeypatch.setenv("COLAB_NOTEBOOK_ID", "1a2b3c")
+    monkeypatch.delenv("MINILM_WIDGET_RENDERER", raising=False)
+    engine = make_engine(tiny_checkpoint, num_requests=2)
+    view = viz.BatchView(engine, throttle_s=0)
+    box = view.widget()
+    figure_widget = box.children[1]
+    assert isinstance(figure_widget, PlotlyAnyWidget) and not isinstance(figure_widget, go.FigureWidget)
+    assert "Plotly.react" in figure_widget._esm and "cdn.plot.ly/plotly-" in figure_widget._esm
+    before = figure_widget.figure["layout"]["title"]["text"]
+    engine.step()
+    engine.step()
+    after = figure_widget.figure["layout"]["title"]["text"]
+    assert before != after and "2 steps" in after
+    assert len(figure_widget.figure["data"]) == len(view.figure().data)
+    view.close()
+
+
+def test_static_png_draws_every_kind_of_trace_the_chapters_use(tiny_checkpoint):
+    from plotly.subplots import make_subplots
+
+    from minilm_engine.viz.static_png import figure_to_png, png_bundle
+
+    engine = make_engine(tiny_checkpoint, num_requests=3)
+    for _ in range(4):
+        engine.step()
+    for view in (viz.BatchView(engine), viz.MemoryView(engine)):
+        assert figure_to_png(view.figure()).startswith(b"\x89PNG")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("a", "b"))
+    fig.add_scatter(x=[1, 2, 4], y=[3, None, 5], mode="lines+markers", line=dict(dash="dash", color="rgb(10,20,30)"), row=1, col=1)
+    fig.add_bar(x=["x", "y"], y=[1, 2], marker=dict(color=["#123456", "rgba(1,2,3,0.5)"]), row=1, col=2)
+    fig.add_heatmap(z=[[1, 2], [3, None]], colorscale=[[0, "white"], [1, "red"]], row=1, col=2)
+    fig.add_hline(y=2, line=dict(dash="dot"), row=1, col=1)
+    fig.update_xaxes(type="log", row=1, col=1)
+    fig.update_layout(title="<b>all</b> kinds<br><sub>sub</sub>")
+    bundle = png_bundle(fig)
+    assert set(bundle) == {"image/png", "text/plain"} and bundle["text/plain"] == "<figure: all kinds>"

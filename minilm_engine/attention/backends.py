@@ -53,6 +53,10 @@ def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
         capability = torch.cuda.get_device_capability(device)
         if capability < (7, 5):
             return "Triton needs a GPU of compute capability 7.5 or newer"
+        if capability < (8, 0) and _triton_version() >= (3, 3):
+            # Triton 3.3+ dropped sm75 ("sm75 is not currently supported", triton#10918): a T4.
+            return (f"Triton {_triton_version_text()} does not support compute capability "
+                    f"{capability[0]}.{capability[1]} (e.g. a T4); it needs 8.0 or newer")
         if dtype == torch.bfloat16 and capability < (8, 0):
             return "Triton compiles bfloat16 only for compute capability 8.0 or newer (use float16)"
         return None
@@ -63,6 +67,17 @@ def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
         f"(set TRITON_INTERPRET=1 before importing minilm_engine; slow, meant for tests); "
         f"this model is on {device}"
     )
+
+
+def _triton_version_text() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def _triton_version() -> tuple[int, int]:
+    major, minor = _triton_version_text().split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
 def make_triton_backend(num_sms: int = 0) -> AttentionBackend:

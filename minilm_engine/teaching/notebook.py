@@ -3,7 +3,8 @@
 Contract: `setup()` picks the device (CUDA when present), the model (the shipped noodle-chef on a
 CPU or offline; a real Hugging Face model on a GPU when it can be downloaded; `MINILM_MODEL`
 overrides both) and the size of the experiments (`MINILM_SMOKE=1`, as CI sets it, shrinks
-them), prints what it chose, and returns it.
+them), prints what it chose (with the attention path "auto" takes and why, and how figures are
+drawn: PNG under MINILM_STATIC_FIGURES=1, live views otherwise), and returns it.
 """
 
 from __future__ import annotations
@@ -44,13 +45,39 @@ def setup(gpu_model: str = GPU_MODEL, verbose: bool = True) -> NotebookSetup:
     if model is None and device.type == "cuda":
         model = _hub_model_if_reachable(gpu_model)
     chosen = NotebookSetup(str(device), str(dtype).removeprefix("torch."), model, smoke)
+    static = os.environ.get("MINILM_STATIC_FIGURES", "0") == "1"
+    if static:  # figures as PNG images, which GitHub shows in committed outputs
+        from ..viz.static_png import use_png_renderer
+
+        use_png_renderer()
     if verbose:
         print(
             f"device: {chosen.device}  dtype: {chosen.dtype}  "
             f"model: {chosen.model or 'noodle-chef (shipped)'}  smoke: {chosen.smoke}  "
             f"torch threads: {torch.get_num_threads()}"
         )
+        print(f"attention: {attention_summary(device, dtype)}  figures: {figure_summary(static)}")
     return chosen
+
+
+def attention_summary(device: torch.device, dtype: torch.dtype) -> str:
+    """Which attention the engine's "auto" picks here, and why the Triton kernels do not run
+    when they do not (a T4: compute capability 7.5, which Triton >= 3.3 no longer supports)."""
+    from ..attention.backends import triton_unavailable_reason
+
+    if device.type != "cuda":
+        return "torch reference (the Triton kernels are for CUDA GPUs)"
+    reason = triton_unavailable_reason(device, dtype)
+    return "triton kernels" if reason is None else f"torch reference, because {reason}"
+
+
+def figure_summary(static: bool) -> str:
+    from ..viz.frontend import in_colab, live_renderer
+
+    if static:
+        return "static PNG (MINILM_STATIC_FIGURES=1)"
+    where = "Colab" if in_colab() else "Jupyter"
+    return f"live {live_renderer()} views ({where})"
 
 
 def _hub_model_if_reachable(repo_id: str) -> str | None:

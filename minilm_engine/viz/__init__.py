@@ -9,6 +9,9 @@ Contract: every view has `.figure()` (a `plotly.graph_objects.Figure` of the eng
 needs no widget frontend, so it survives headless execution and HTML export) and `.widget()`
 (an ipywidgets box with a live `FigureWidget` and Step / Run / delay controls).  `show` picks one:
 the static figure when `MINILM_STATIC_FIGURES=1` or no Jupyter kernel runs, the widget otherwise.
+Under MINILM_STATIC_FIGURES=1 static figures are PNG images (what GitHub renders); in Colab
+(detected by $COLAB_NOTEBOOK_ID, see `frontend.py`) the live figure is an anywidget view, since
+Colab's ipywidgets 7 cannot show plotly's FigureWidget.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Literal
 
 from .batch_view import BatchCell, BatchView, batch_cells
 from .colors import PALETTE, RequestColors
-from .live import EngineControls, LiveView
+from .frontend import in_colab, live_renderer
+from .live import EngineControls, LiveView, live_figure, update_live_figure
 from .memory_view import (
     BlockCell,
     MemoryView,
@@ -73,8 +77,17 @@ def show(
 
 
 def static_bundle(figure, include_plotlyjs: str | bool = "cdn") -> dict[str, object]:
-    """A display bundle for a figure that needs no widget frontend (see `show`)."""
+    """A display bundle for a figure that needs no widget frontend (see `show`).
+
+    Under MINILM_STATIC_FIGURES=1 (CI, and the runs whose outputs are committed) it is a PNG
+    drawn by matplotlib (`static_png.py`): GitHub shows images, not plotly's JavaScript.
+    """
     import plotly.io as pio
+
+    if os.environ.get(STATIC_ENV_VAR, "").strip() == "1":
+        from .static_png import png_bundle
+
+        return png_bundle(figure)
 
     bundle = dict(pio.renderers["plotly_mimetype"].to_mimebundle(figure.to_dict()))
     bundle["text/html"] = figure.to_html(full_html=False, include_plotlyjs=include_plotlyjs)
@@ -97,8 +110,12 @@ __all__ = [
     "batch_cells",
     "block_cells",
     "default_mode",
+    "in_colab",
+    "live_figure",
+    "live_renderer",
     "memory_waste",
     "request_memory",
     "show",
     "static_bundle",
+    "update_live_figure",
 ]

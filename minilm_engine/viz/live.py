@@ -2,7 +2,8 @@
 
 Contract: a view subclass implements `figure()` (a plain `plotly.graph_objects.Figure` built from
 the engine's current state and trace, with the same traces in the same order every time).
-`LiveView.widget()` wraps that figure in a `FigureWidget` plus `EngineControls`, and redraws it
+`LiveView.widget()` wraps that figure in a `FigureWidget` (in Colab a `PlotlyAnyWidget`, see
+frontend.py) plus `EngineControls`, and redraws it
 after engine steps, at most every `throttle_s` seconds (and never spending more than about a fifth
 of the time redrawing), always after the last step of a run, and, in a Jupyter kernel, shortly
 after a burst of steps that a throttle skipped.
@@ -27,6 +28,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from ..engine.trace import StepRecord
+from .frontend import live_renderer
 
 
 class EngineControls:
@@ -136,7 +138,7 @@ class LiveView:
             )
         self.engine = engine
         self.throttle_s = throttle_s
-        self.figure_widgets: list[go.FigureWidget] = []
+        self.figure_widgets: list = []  # go.FigureWidget or PlotlyAnyWidget
         self.controls: list[EngineControls] = []
         self.num_redraws = 0
         self._listening = False
@@ -150,8 +152,9 @@ class LiveView:
         raise NotImplementedError
 
     def widget(self, controls: bool = True) -> widgets.VBox:
-        """A live FigureWidget (with Step / Run / delay controls unless controls=False)."""
-        figure_widget = go.FigureWidget(self.figure())
+        """A live figure (with Step / Run / delay controls unless controls=False): a
+        FigureWidget, or in Colab an anywidget view (`frontend.live_renderer()`)."""
+        figure_widget = live_figure(self.figure())
         self.figure_widgets.append(figure_widget)
         self._last_redraw_end = time.perf_counter()  # it was just drawn
         if not self._listening:
@@ -179,7 +182,7 @@ class LiveView:
         start = time.perf_counter()
         fresh = self.figure()
         for figure_widget in self.figure_widgets:
-            _copy_figure(fresh, figure_widget)
+            update_live_figure(figure_widget, fresh)
         for control in self.controls:
             control.refresh_status()
         self.num_redraws += 1
@@ -233,6 +236,24 @@ class LiveView:
         except RuntimeError:
             return  # no event loop (a script, a test): the caller redraws when it wants to
         self._pending_flush = loop.call_later(delay, self.flush)
+
+
+def live_figure(figure: go.Figure):
+    """A widget showing `figure` that this frontend can draw: a FigureWidget, or in Colab a
+    `PlotlyAnyWidget` (see frontend.py).  Redraw it with `update_live_figure`."""
+    if live_renderer() == "anywidget":
+        from .anywidget_figure import PlotlyAnyWidget
+
+        return PlotlyAnyWidget(figure)
+    return go.FigureWidget(figure)
+
+
+def update_live_figure(widget, figure: go.Figure) -> None:
+    """Make a widget from `live_figure` show `figure` (same traces in the same order)."""
+    if isinstance(widget, go.FigureWidget):
+        _copy_figure(figure, widget)
+    else:
+        widget.show_figure(figure)
 
 
 def _copy_figure(source: go.Figure, target: go.FigureWidget) -> None:
