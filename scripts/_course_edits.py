@@ -120,3 +120,48 @@ if __name__ == "__main__":
     d = "notebooks/"
     ch00(d + "00_noodle_shop.ipynb"); ch01(d + "01_batching.ipynb"); ch02(d + "02_kv_cache.ipynb")
     ch03(d + "03_paged_memory.ipynb"); ch04(d + "04_prefill_vs_decode.ipynb"); a1(d + "A1_triton_paged_attention.ipynb")
+
+
+REFS = {
+    "vllm": "Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention* (vLLM), SOSP 2023, <https://arxiv.org/abs/2309.06180>",
+    "orca": "Yu et al., *Orca: A Distributed Serving System for Transformer-Based Generative Models*, OSDI 2022, <https://www.usenix.org/conference/osdi22/presentation/yu>",
+    "sarathi": "Agrawal et al., *Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve*, OSDI 2024, <https://arxiv.org/abs/2403.02310>",
+    "flash": "Dao et al., *FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness*, 2022, <https://arxiv.org/abs/2205.14135>",
+    "flashdecoding": "Dao et al., *Flash-Decoding for long-context inference*, 2023, <https://crfm.stanford.edu/2023/10/12/flashdecoding.html>",
+    "spec": "Leviathan et al., *Fast Inference from Transformers via Speculative Decoding*, ICML 2023, <https://arxiv.org/abs/2211.17192>; Chen et al., *Accelerating LLM Decoding with Speculative Sampling*, 2023, <https://arxiv.org/abs/2302.01318>",
+    "quant": "Lin et al., *AWQ*, MLSys 2024, <https://arxiv.org/abs/2306.00978>; Frantar et al., *GPTQ*, ICLR 2023, <https://arxiv.org/abs/2210.17323>",
+    "gqa": "Ainslie et al., *GQA: Training Generalized Multi-Query Transformer Models*, 2023, <https://arxiv.org/abs/2305.13245>",
+    "distserve": "Zhong et al., *DistServe: Disaggregating Prefill and Decoding*, OSDI 2024, <https://arxiv.org/abs/2401.09670>",
+    "roofline": "Williams et al., *Roofline: An Insightful Visual Performance Model*, CACM 2009, <https://doi.org/10.1145/1498765.1498785>",
+    "vllmdocs": "vLLM documentation, <https://docs.vllm.ai>",
+    "gptfast": "PyTorch team, *gpt-fast*, <https://github.com/pytorch-labs/gpt-fast>",
+}
+CHAPTER_REFS = {
+    "00_noodle_shop.ipynb": ["vllmdocs", "orca", "vllm"],
+    "01_batching.ipynb": ["orca", "vllm", "roofline", "sarathi"],
+    "02_kv_cache.ipynb": ["gqa", "vllm", "gptfast"],
+    "03_paged_memory.ipynb": ["vllm", "vllmdocs"],
+    "04_prefill_vs_decode.ipynb": ["sarathi", "distserve", "flash"],
+    "A1_triton_paged_attention.ipynb": ["flash", "flashdecoding", "vllm", "gqa"],
+}
+MARK = "**References.**"
+
+
+def references_and_glossary(path):
+    import os
+    name = os.path.basename(path)
+    nb = load(path)
+    title = nb.cells[0]
+    if "GLOSSARY.md" not in title.source:
+        title.source = title.source.rstrip() + "\n\nTerms used here: [glossary](GLOSSARY.md) (English and 中文) · [course index](README.md)."
+    recap = [c for c in nb.cells if c.cell_type == "markdown" and c.source.lstrip().startswith("## Recap")]
+    if recap and name in CHAPTER_REFS and MARK not in recap[-1].source:
+        refs = "\n".join(f"* {REFS[k]}" for k in CHAPTER_REFS[name])
+        recap[-1].source = recap[-1].source.rstrip() + f"\n\n{MARK}\n\n{refs}"
+    save(nb, path)
+
+
+if __name__ == "__main__":
+    for n in CHAPTER_REFS:
+        references_and_glossary("notebooks/" + n)
+    references_and_glossary("notebooks/09_interview_drills.ipynb")

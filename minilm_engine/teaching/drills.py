@@ -1,18 +1,97 @@
-"""Interview drills: questions with model answers that reveal on demand.
+"""Interview drills: questions with model answers, numeric ones computed for real model shapes.
 
-Contract: every chapter keeps its questions in `drills/NN_topic.json` (a list of
-{"question", "answer"} objects); `load_drills(chapter)` reads one chapter's ("02") or all of
-them, and `show_drills` renders each answer folded under its question.  Chapter 09 draws on
-the whole bank.
+Contract: every chapter keeps its questions in `drills/NN_topic.json`, and `load_drills()` reads
+every JSON file there (so a new chapter's bank joins chapter 09 by being added).  An item is
+
+    {"question", "answer",                         required
+     "chapter": "02",                              default: the file's number
+     "kind": "concept" | "numeric" | "what-if" | "debug",   default "concept"
+     "difficulty": 1 | 2 | 3,                      default 2
+     "link": "02_kv_cache.ipynb#Experiment 3: what the cache costs in memory",
+                                                   the cell that measures it: a notebook and
+                                                   one of its markdown headings (default: the
+                                                   chapter's notebook, its "Interview drill")
+     "compute": {"formula": "kv_gib", "model": "Meta-Llama-3-8B", ...},   numeric only
+     "unit": "GiB", "tolerance": 0.05}             numeric only: relative tolerance
+
+A numeric item's value is computed at load time by `FORMULAS[formula](**params)` from the
+shapes in `models/known_configs.py` (never typed in); `{value}` and the params may appear in
+the question and answer, e.g. "{value:.1f}".  `Drill.check(text)` grades a numeric answer.
+`show_drills` renders answers folded under questions; `export_markdown` writes the whole bank.
 """
 
 from __future__ import annotations
 
+import html
 import json
-from dataclasses import dataclass
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from ..models.known_configs import known_config
 
 DRILLS_DIR = Path(__file__).parent / "drills"
+KINDS = ("concept", "numeric", "what-if", "debug")
+GiB = 1 << 30
+
+# Datasheet rates the numeric questions assume (bf16 dense, HBM bandwidth).
+GPUS = {
+    "H100": {"flops": 989e12, "bandwidth": 3.35e12, "memory_gib": 80},
+    "A100": {"flops": 312e12, "bandwidth": 2.0e12, "memory_gib": 80},
+    "L4": {"flops": 121e12, "bandwidth": 0.3e12, "memory_gib": 24},
+    "T4": {"flops": 65e12, "bandwidth": 0.32e12, "memory_gib": 16},
+}
+
+
+def _kv_bytes(model: str, bytes_per_element: int = 2) -> int:
+    return known_config(model).kv_bytes_per_token(bytes_per_element)
+
+
+def _weight_bytes(model: str, bytes_per_element: float = 2) -> float:
+    return known_config(model).num_parameters() * bytes_per_element
+
+
+def _step_time_ms(model: str, gpu: str, batch: int, context: int, bytes_per_element: int = 2) -> float:
+    """Chapter 01's decode step model: max(bytes read / bandwidth, FLOPs / FLOP/s)."""
+    rates = GPUS[gpu]
+    read = _weight_bytes(model, bytes_per_element) + batch * context * _kv_bytes(model, bytes_per_element)
+    flops = 2 * known_config(model).num_parameters() * batch
+    return 1e3 * max(read / rates["bandwidth"], flops / rates["flops"])
+
+
+FORMULAS: dict[str, Callable[..., float]] = {
+    "kv_kib_per_token": lambda model, bytes_per_element=2: _kv_bytes(model, bytes_per_element) / 1024,
+    "kv_gib": lambda model, tokens, bytes_per_element=2: tokens * _kv_bytes(model, bytes_per_element) / GiB,
+    "weights_gib": lambda model, bytes_per_element=2: _weight_bytes(model, bytes_per_element) / GiB,
+    "parameters_b": lambda model: known_config(model).num_parameters() / 1e9,
+    "max_sequences": lambda model, memory_gib, context, bytes_per_element=2: max(
+        0, (memory_gib * GiB - _weight_bytes(model, bytes_per_element)) // (context * _kv_bytes(model, bytes_per_element))
+    ),
+    "kv_over_weights": lambda model, batch, context, bytes_per_element=2: (
+        batch * context * _kv_bytes(model, bytes_per_element) / _weight_bytes(model, bytes_per_element)
+    ),
+    "weights_floor_ms": lambda model, gpu, bytes_per_element=2: (
+        1e3 * _weight_bytes(model, bytes_per_element) / GPUS[gpu]["bandwidth"]
+    ),
+    "step_time_ms": _step_time_ms,
+    "step_ratio": lambda model, gpu, batch, context: (
+        _step_time_ms(model, gpu, batch, context) / _step_time_ms(model, gpu, 1, context)
+    ),
+    "crossover_batch": lambda gpu, bytes_per_element=2: (
+        GPUS[gpu]["flops"] / GPUS[gpu]["bandwidth"] * bytes_per_element / 2
+    ),
+    "prefill_tflops": lambda model, tokens: 2 * known_config(model).num_parameters() * tokens / 1e12,
+    "quadratic_crossover_tokens": lambda model: (
+        known_config(model).num_parameters()
+        / (2 * known_config(model).num_hidden_layers * known_config(model).num_attention_heads * known_config(model).head_dim)
+    ),
+    "gqa_ratio": lambda model: known_config(model).num_attention_heads / known_config(model).num_key_value_heads,
+    "blocks": lambda tokens, block_size: math.ceil(tokens / block_size),
+    "cost_per_million": lambda price_per_hour, tokens_per_second: price_per_hour / (tokens_per_second * 3600) * 1e6,
+}
 
 
 @dataclass(frozen=True)
@@ -20,22 +99,94 @@ class Drill:
     chapter: str
     question: str
     answer: str
+    kind: str = "concept"
+    difficulty: int = 2
+    link: str = ""  # "NN_topic.ipynb#Heading"
+    value: float | None = None  # numeric drills: the expected number
+    unit: str = ""
+    tolerance: float = 0.05  # relative
+    source: str = field(default="", compare=False)  # the JSON file it came from
+
+    def check(self, text: str | float) -> bool | None:
+        """A numeric answer within the tolerance? None for a drill without a number."""
+        if self.value is None:
+            return None
+        number = parse_number(text)
+        if number is None:
+            return False
+        return math.isclose(number, self.value, rel_tol=self.tolerance, abs_tol=1e-12)
+
+    @property
+    def notebook(self) -> str:
+        return self.link.partition("#")[0]
+
+    @property
+    def heading(self) -> str:
+        return self.link.partition("#")[2]
+
+    def link_markdown(self, prefix: str = "") -> str:
+        """A Markdown link to the measuring cell (Jupyter's heading anchors: spaces -> '-')."""
+        anchor = self.heading.replace(" ", "-")
+        return f"[{self.notebook} · {self.heading}]({prefix}{self.notebook}#{anchor})"
 
 
-def load_drills(chapter: str | None = None) -> list[Drill]:
+def parse_number(text: str | float) -> float | None:
+    """'1,024', '12.5 GiB', '3e9', '~40' -> a float; None if there is no number."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    match = re.search(r"[-+]?\d[\d,_]*(?:\.\d+)?(?:[eE][-+]?\d+)?", str(text))
+    return float(match.group().replace(",", "").replace("_", "")) if match else None
+
+
+def _chapter_notebooks() -> dict[str, str]:
+    """Chapter number -> notebook name: a bank `NN_topic.json` belongs to `NN_topic.ipynb`."""
+    return {path.stem.split("_")[0]: f"{path.stem}.ipynb" for path in DRILLS_DIR.glob("*.json")}
+
+
+def _build(item: dict[str, Any], number: str, source: str, notebooks: dict[str, str]) -> Drill:
+    chapter = str(item.get("chapter", number))
+    kind = item.get("kind", "numeric" if "compute" in item else "concept")
+    if kind not in KINDS:
+        raise ValueError(f"{source}: kind must be one of {KINDS}, got {kind!r}")
+    question, answer, value = item["question"], item["answer"], None
+    if "compute" in item:
+        params = dict(item["compute"])
+        formula = params.pop("formula")
+        if formula not in FORMULAS:
+            raise ValueError(f"{source}: unknown formula {formula!r}; known: {sorted(FORMULAS)}")
+        value = float(FORMULAS[formula](**params))
+        question = question.format(value=value, **params)
+        answer = answer.format(value=value, **params)
+    link = item.get("link") or f"{notebooks.get(chapter, chapter)}#Interview drill"
+    return Drill(
+        chapter, question, answer, kind, int(item.get("difficulty", 2)), link, value,
+        item.get("unit", ""), float(item.get("tolerance", 0.05)), source,
+    )
+
+
+def load_drills(
+    chapter: str | None = None, kind: str | None = None, difficulty: int | None = None
+) -> list[Drill]:
+    """Every drill of the bank (or of one chapter, kind, difficulty), in file order."""
+    notebooks = _chapter_notebooks()
     drills = []
     for file in sorted(DRILLS_DIR.glob("*.json")):
         number = file.stem.split("_")[0]
-        if chapter is not None and number != chapter:
-            continue
         for item in json.loads(file.read_text()):
-            drills.append(Drill(number, item["question"], item["answer"]))
+            drill = _build(item, number, file.name, notebooks)
+            if chapter is not None and drill.chapter != chapter:
+                continue
+            if kind is not None and drill.kind != kind:
+                continue
+            if difficulty is not None and drill.difficulty != difficulty:
+                continue
+            drills.append(drill)
     return drills
 
 
 def show_drills(chapter: str | None = None):
-    import html
-
+    """The chapter's questions, each answer folded under its question (a static frontend, e.g.
+    GitHub, shows them unfolded: that is the 'prints questions and answers' fallback)."""
     from IPython.display import HTML
 
     parts = []
@@ -45,3 +196,24 @@ def show_drills(chapter: str | None = None):
             f"<details><summary>Model answer</summary><p>{html.escape(d.answer)}</p></details>"
         )
     return HTML("\n".join(parts))
+
+
+def export_markdown(path: str | Path | None = None, drills: list[Drill] | None = None) -> str:
+    """The whole bank as one Markdown file (questions, model answers, links), for reading
+    offline; written to `path` when given.  Links are relative to notebooks/."""
+    drills = load_drills() if drills is None else drills
+    lines = ["# Interview drills: the whole bank", "",
+             f"{len(drills)} questions from the minilm-engine chapters. Numeric answers are computed "
+             "by the package for the models' published shapes.", ""]
+    by_chapter: dict[str, list[Drill]] = {}
+    for d in drills:
+        by_chapter.setdefault(d.chapter, []).append(d)
+    for chapter in sorted(by_chapter):
+        lines += [f"## Chapter {chapter}", ""]
+        for i, d in enumerate(by_chapter[chapter], 1):
+            lines += [f"### {chapter}.{i} ({d.kind}, difficulty {d.difficulty})", "", d.question, "",
+                      f"**Model answer.** {d.answer}", "", f"Measured in: {d.link_markdown()}", ""]
+    text = "\n".join(lines)
+    if path is not None:
+        Path(path).write_text(text)
+    return text
