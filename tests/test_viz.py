@@ -354,3 +354,17 @@ def test_static_png_draws_every_kind_of_trace_the_chapters_use(tiny_checkpoint):
     fig.update_layout(title="<b>all</b> kinds<br><sub>sub</sub>")
     bundle = png_bundle(fig)
     assert set(bundle) == {"image/png", "text/plain"} and bundle["text/plain"] == "<figure: all kinds>"
+
+
+def test_png_renderer_makes_fig_show_leave_a_png(monkeypatch):
+    import plotly.io as pio
+
+    from minilm_engine.viz.static_png import use_png_renderer
+
+    monkeypatch.setattr(pio.renderers, "_default_name", pio.renderers.default)
+    monkeypatch.setattr(pio.renderers, "_default_renderers", list(pio.renderers._default_renderers))
+    use_png_renderer()
+    assert pio.renderers.default == "minilm_png"
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[2, 1]), layout=dict(title="two points"))
+    bundle = pio.renderers["minilm_png"].to_mimebundle(fig.to_dict())
+    assert set(bundle) == {"image/png", "text/plain"} and "two points" in bundle["text/plain"]

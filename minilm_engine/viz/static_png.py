@@ -342,16 +342,16 @@ def _text(text: str) -> str:
     return re.sub(r"<[^>]+>", "", text).strip()
 
 
-class _PngRenderer:
-    """A plotly renderer (`pio.renderers["minilm_png"]`): `fig.show()` displays the PNG bundle."""
-
-    def to_mimebundle(self, fig_dict: dict) -> dict[str, Any]:
-        return png_bundle(fig_dict)
-
-
 def use_png_renderer() -> None:
     """Register "minilm_png" with plotly and make it the default renderer."""
     import plotly.io as pio
+    from plotly.io._base_renderers import MimetypeRenderer  # plotly checks the renderer's type
 
-    pio.renderers["minilm_png"] = _PngRenderer()
+    class PngRenderer(MimetypeRenderer):
+        """`fig.show()` displays the PNG bundle."""
+
+        def to_mimebundle(self, fig_dict: dict) -> dict[str, Any]:
+            return png_bundle(fig_dict)
+
+    pio.renderers["minilm_png"] = PngRenderer()
     pio.renderers.default = "minilm_png"
