@@ -165,3 +165,85 @@ if __name__ == "__main__":
     for n in CHAPTER_REFS:
         references_and_glossary("notebooks/" + n)
     references_and_glossary("notebooks/09_interview_drills.ipynb")
+
+
+KV_SECTION_MD = """### When batching stops being free: the KV cache every step reads
+
+The floors above count the weights only. But a decode step also reads, for every request in
+the batch, the keys and values of its whole context: $B \\times \\text{context} \\times$ KV bytes
+per token ([chapter 02](02_kv_cache.ipynb) computes that number). With it, the memory floor
+grows with the batch too:
+
+$$
+t_\\text{step}(B, C) \\;\\ge\\; \\max\\Big(\\frac{\\text{weight bytes} + B \\times C \\times \\text{KV bytes per token}}{\\text{memory bandwidth}},\\;
+\\frac{2 \\times \\text{params} \\times B}{\\text{FLOP/s}}\\Big)
+$$
+
+At a short context the KV term is small and the weights-only picture holds. At a long one it
+is not: 32 Llama-3-8B requests at 4K tokens read 32 × 4096 × 128 KiB = 16 GiB of cache per
+step, as much as the 15 GiB of weights. `DecodeCostModel` has both terms; here it is for
+Llama-3-8B on an H100 (datasheet rates), at a short and a long context:"""
+
+KV_SECTION_CODE1 = """from minilm_engine.experiments.batching import DecodeCostModel, context_sweep, context_sweep_figure
+from minilm_engine.models.known_configs import known_config
+
+h100 = DecodeCostModel.for_shapes(known_config("Meta-Llama-3-8B"), bandwidth=3.35e12, flops=989e12)
+sweep_batches = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+print(f"Llama-3-8B, bf16, H100: weights {h100.weight_bytes / 2**30:.1f} GiB, "
+      f"KV {h100.kv_bytes_per_token // 1024} KiB per token, B* (weights only) = {h100.crossover_batch:.0f}")
+print(f"{'context':>8} | " + " ".join(f"{b:>6}" for b in sweep_batches) + " | batch where a step costs 2x batch 1")
+for context in (512, 32_768):
+    ratios = " ".join(f"{h100.slowdown(b, context):5.2f}x" for b in sweep_batches)
+    print(f"{context:>8,} | {ratios} | {h100.batch_at_slowdown(context)}")
+context_sweep_figure(h100, sweep_batches, [512, 4_096, 32_768],
+                     title="Llama-3-8B on an H100 (model): step time relative to batch 1").show()"""
+
+KV_SECTION_MD2 = """At 512 tokens a step of 32 costs about 1.1× a step of 1: batching is free until the compute
+floor, near $B^*$. At 32K tokens each request's cache is about a quarter of the weights, and
+the step doubles within a handful of requests (the last column): batching still raises throughput, but every request now pays for
+its context in every step. That is why long-context serving is about KV bytes (grouped-query
+attention, KV quantization, chapter 03's paging) and why the number of concurrent requests,
+not only their count, sets the latency.
+
+The same on this machine, measured: the shipped model at a short and a long context. Its KV
+cache is small per token (noodle-chef has one KV head), but its weights are small too, so
+long contexts show the same effect."""
+
+KV_SECTION_CODE2 = """short, long = 32, env.size(full=768, smoke=192)
+context_batches = [1, 4, 16, 32] if not env.smoke else [1, 8]
+measured = context_sweep(llm.model, context_batches, [short, long], num_steps=env.size(full=4, smoke=2))
+print(hardware_summary(env.device), f"· {llm.model_path.name}, {cost.kv_bytes_per_token:,} bytes of KV per token")
+for run in measured:
+    base = run.timings[0].step_s
+    steps = ", ".join(f"B={t.batch_size}: {t.step_s * 1e3:.1f} ms ({t.step_s / base:.1f}x)" for t in run.timings)
+    model = ", ".join(f"{cost.slowdown(t.batch_size, run.context_len):.1f}x" for t in run.timings)
+    print(f"context {run.context_len:>4}: measured {steps}\\n{'':>14}model    {model}")
+biggest = context_batches[-1]
+grow = [run.timings[-1].step_s / run.timings[0].step_s for run in measured]
+print(f"-> batch {biggest} vs 1: {grow[0]:.1f}x at context {short}, {grow[1]:.1f}x at context {long}: "
+      + ("batching is less free at the long context, as the model says." if grow[1] > grow[0]
+         else "on this run the long context did not cost more; rerun, or raise the context."))
+context_sweep_figure(cost, context_batches, [short, long], measured,
+                     title=f"{llm.model_path.name} on this machine: step time relative to batch 1").show()"""
+
+
+def ch01_kv(path):
+    nb = load(path)
+    if any("When batching stops being free" in c.source for c in nb.cells):
+        return
+    i = find(nb, lambda c: c.cell_type == "markdown" and c.source.startswith("**Reading the result.**"))
+    new = [new_markdown_cell(KV_SECTION_MD), nbformat.v4.new_code_cell(KV_SECTION_CODE1),
+           new_markdown_cell(KV_SECTION_MD2), nbformat.v4.new_code_cell(KV_SECTION_CODE2)]
+    nb.cells[i + 1:i + 1] = new
+    for c in nb.cells:
+        c.source = c.source.replace(
+            "**compute-bound** and grows with every request added.",
+            "**compute-bound** and grows with every request added. (This counts the weights only; every\nrequest also makes the step read its KV cache, which matters at long contexts: see the end of\nexperiment 1.)")
+        c.source = c.source.replace(
+            "  in the hundreds; on this machine it was printed above, and the claim \"32 cost little more than\n  1\" held only in part.",
+            "  in the hundreds; on this machine it was printed above, and the claim \"32 cost little more than\n  1\" held only in part.\n* Only at short contexts: each request also adds its KV cache to the bytes every step reads,\n  B × context × KV bytes per token. At long contexts that term rivals the weights (32 Llama-3-8B\n  requests at 4K) and a step of 32 costs several times a step of 1.")
+    save(nb, path)
+
+
+if __name__ == "__main__":
+    ch01_kv("notebooks/01_batching.ipynb")

@@ -169,3 +169,40 @@ def test_batching_gain():
     assert step_ratio == pytest.approx(2.0) and token_ratio == pytest.approx(16.0)
     with pytest.raises(ValueError, match="no timing"):
         batching.batching_gain(timings, 1, 64)
+
+
+def test_cost_model_with_kv_reads():
+    # 1000 parameters of 4 bytes, 10 bytes of KV per token, 1 MB/s, 10 MFLOP/s.
+    cost = DecodeCostModel(num_params=1000, weight_bytes=4000, bandwidth=1e6, flops=1e7, kv_bytes_per_token=10)
+    assert cost.memory_floor_s(8) == cost.memory_floor_s(8, context_len=0) == pytest.approx(4e-3)
+    assert cost.memory_floor_s(8, context_len=100) == pytest.approx((4000 + 8 * 100 * 10) / 1e6)
+    assert cost.floor_s(1, 100) == pytest.approx(5e-3)
+    # Short context: batching is nearly free up to B*; long context: each request adds its KV.
+    assert cost.slowdown(8, 0) == 1.0 and cost.slowdown(8, 1000) == pytest.approx(84_000 / 14_000)
+    assert cost.batch_at_slowdown(0) == 40  # the compute floor: 2 x 1000 x B / 1e7 >= 8 ms
+    long = cost.batch_at_slowdown(1000)
+    assert long is not None and long < cost.crossover_batch
+    assert cost.slowdown(long, 1000) >= 2.0 > cost.slowdown(long - 1, 1000)
+    assert DecodeCostModel(1000, 4000, 1e6, 1e12).batch_at_slowdown(0, max_batch=64) is None
+
+
+def test_cost_model_for_real_shapes_reproduces_the_issue_claim():
+    from minilm_engine.models.known_configs import known_config
+
+    llama3 = known_config("Meta-Llama-3-8B")
+    h100 = DecodeCostModel.for_shapes(llama3, bandwidth=3.35e12, flops=989e12)
+    assert h100.kv_bytes_per_token == 128 * 1024 and h100.weight_bytes == 2 * llama3.num_parameters()
+    assert h100.kv_read_bytes(32, 4096) == pytest.approx(h100.weight_bytes, rel=0.1)
+    assert h100.slowdown(32, 512) < 1.2 and h100.slowdown(32, 32768) > 5
+    assert h100.batch_at_slowdown(32768) < 8 < 100 < h100.batch_at_slowdown(512)
+
+
+def test_context_sweep_measures_and_draws(checkpoints):
+    from minilm_engine import LLM
+
+    llm = LLM(checkpoints["llama"].path)
+    runs = batching.context_sweep(llm.model, [1, 2], [4, 16], num_steps=1)
+    assert [r.context_len for r in runs] == [4, 16] and all(len(r.timings) == 2 for r in runs)
+    cost = DecodeCostModel(1000, 4000, 1e6, 1e7, 10)
+    fig = batching.context_sweep_figure(cost, [1, 2], [4, 16], runs)
+    assert len(fig.data) == 4 and list(fig.data[0].y)[0] == 1.0

@@ -16,7 +16,13 @@ The first floor does not grow with B, the second does; they cross at
     B* = (matmul_flops / memory_bandwidth) * (bytes per weight / 2)
 
 Below B*, extra requests ride along almost for free ("batching 32 costs little more than 1");
-above it, each step grows with B.  A datacenter GPU in bf16 has B* in the hundreds; a CPU core
+above it, each step grows with B.  That holds at short contexts only: every request also makes
+the step read its whole KV cache, so the memory floor is really
+
+    (weight_bytes + B * context_len * kv_bytes_per_token) / memory_bandwidth
+
+and at long contexts it grows with B too (32 Llama-3-8B requests at 4K tokens read as many KV
+bytes as weight bytes): `DecodeCostModel` has both, `context_sweep` compares contexts.  A datacenter GPU in bf16 has B* in the hundreds; a CPU core
 running fp32 has B* in the tens.  Tiny models add a third cost neither floor knows: a fixed
 per-step overhead (Python, kernel launches) that also does not grow with B.
 """
@@ -104,12 +110,24 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 @dataclass(frozen=True)
 class DecodeCostModel:
-    """The two floors under one decode step (see the module docstring)."""
+    """The floors under one decode step (see the module docstring), KV reads included.
+
+    A step of `B` requests at `context_len` tokens each reads every weight once **and** every
+    request's cached keys and values (`B * context_len * kv_bytes_per_token`):
+
+        memory floor  = (weight_bytes + B * context_len * kv_bytes_per_token) / bandwidth
+        compute floor = 2 * num_params * B / flops
+        step time    >= max(memory floor, compute floor)
+
+    With `context_len=0` this is the weights-only model.  (Attention's own FLOPs, 4 per cached
+    element per query head, are left out: a few percent of the step below ~10K tokens.)
+    """
 
     num_params: int
     weight_bytes: int
     bandwidth: float  # bytes/s, from measure_copy_bandwidth
     flops: float  # FLOP/s, from measure_matmul_flops
+    kv_bytes_per_token: int = 0  # 2 x layers x KV heads x head_dim x bytes per element
 
     @classmethod
     def measure(cls, model: torch.nn.Module, num_repeats: int = 5) -> "DecodeCostModel":
@@ -124,22 +142,54 @@ class DecodeCostModel:
                 n=8192 if device.type == "cuda" else 1024,
                 num_repeats=num_repeats, device=device, dtype=dtype,
             ),
+            kv_bytes_per_token=model.config.kv_bytes_per_token(dtype.itemsize),
         )
 
-    def memory_floor_s(self, batch_size: int) -> float:
-        """Reading every weight once: the same for any batch size."""
-        return self.weight_bytes / self.bandwidth
+    @classmethod
+    def for_shapes(
+        cls, config, bandwidth: float, flops: float, bytes_per_element: int = 2
+    ) -> "DecodeCostModel":
+        """A model known by its shapes (`models/known_configs.py`) on a machine known by its
+        rates (a datasheet's bandwidth and FLOP/s): no measurement."""
+        num_params = config.num_parameters()
+        return cls(num_params, num_params * bytes_per_element, bandwidth, flops,
+                   config.kv_bytes_per_token(bytes_per_element))
+
+    def kv_read_bytes(self, batch_size: int, context_len: int = 0) -> int:
+        return batch_size * context_len * self.kv_bytes_per_token
+
+    def memory_floor_s(self, batch_size: int, context_len: int = 0) -> float:
+        """Every weight once, plus every request's KV cache (grows with batch x context)."""
+        return (self.weight_bytes + self.kv_read_bytes(batch_size, context_len)) / self.bandwidth
 
     def compute_floor_s(self, batch_size: int) -> float:
         return 2 * self.num_params * batch_size / self.flops
 
-    def floor_s(self, batch_size: int) -> float:
-        return max(self.memory_floor_s(batch_size), self.compute_floor_s(batch_size))
+    def floor_s(self, batch_size: int, context_len: int = 0) -> float:
+        return max(self.memory_floor_s(batch_size, context_len), self.compute_floor_s(batch_size))
 
     @property
     def crossover_batch(self) -> float:
-        """The batch size at which the compute floor overtakes the memory floor."""
+        """The batch size at which the compute floor overtakes the weights-only memory floor."""
         return self.weight_bytes * self.flops / (2 * self.num_params * self.bandwidth)
+
+    def slowdown(self, batch_size: int, context_len: int = 0) -> float:
+        """How many times a step of `batch_size` takes a step of 1, at the same context."""
+        return self.floor_s(batch_size, context_len) / self.floor_s(1, context_len)
+
+    def batch_at_slowdown(self, context_len: int = 0, slowdown: float = 2.0, max_batch: int = 1 << 16) -> int | None:
+        """The smallest batch whose step takes `slowdown` times the batch-1 step: where
+        batching stops being (nearly) free.  None if no batch up to `max_batch` does."""
+        low, high = 1, max_batch
+        if self.slowdown(high, context_len) < slowdown:
+            return None
+        while low < high:  # the slowdown grows with the batch: bisect
+            mid = (low + high) // 2
+            if self.slowdown(mid, context_len) >= slowdown:
+                high = mid
+            else:
+                low = mid + 1
+        return low
 
 
 # -- one decode step ------------------------------------------------------------------------
@@ -418,6 +468,22 @@ def latency_vs_neighbours(
     return [probe_latency(llm, probe, others[:n], num_repeats) for n in num_others]
 
 
+@dataclass(frozen=True)
+class ContextTiming:
+    context_len: int
+    timings: list[DecodeTiming]
+
+
+def context_sweep(
+    model, batch_sizes: list[int], context_lens: list[int], num_steps: int = 5
+) -> list[ContextTiming]:
+    """`time_decode_step` at every (context, batch): the measured side of the KV-read model."""
+    return [
+        ContextTiming(c, [time_decode_step(model, b, context_len=c, num_steps=num_steps) for b in batch_sizes])
+        for c in context_lens
+    ]
+
+
 # -- figures ----------------------------------------------------------------------------------
 
 
@@ -525,4 +591,32 @@ def neighbours_figure(probes: list[ProbeLatency], title: str = ""):
     for col in (1, 2):
         fig.update_xaxes(title_text="other requests sharing the engine", row=1, col=col)
     fig.update_layout(title=title, height=380, showlegend=False)
+    return fig
+
+
+def context_sweep_figure(
+    cost: DecodeCostModel,
+    batch_sizes: list[int],
+    context_lens: list[int],
+    measured: list[ContextTiming] | None = None,
+    title: str = "",
+):
+    """Step time relative to batch 1, against the batch, one line per context: the cost model's
+    floors, and measured steps when given.  Where a line leaves 1, batching stops being free."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    for i, context in enumerate(context_lens):
+        color = colors[i % len(colors)]
+        fig.add_scatter(x=batch_sizes, y=[cost.slowdown(b, context) for b in batch_sizes], mode="lines",
+                        line=dict(dash="dash", color=color), name=f"model, context {context:,}")
+    for i, run in enumerate(measured or []):
+        base = run.timings[0].step_s
+        fig.add_scatter(x=[t.batch_size for t in run.timings], y=[t.step_s / base for t in run.timings],
+                        mode="lines+markers", line=dict(color=colors[i % len(colors)]),
+                        name=f"measured, context {run.context_len:,}")
+    fig.update_xaxes(type="log", tickvals=batch_sizes, title_text="batch size")
+    fig.update_yaxes(type="log", title_text="step time / step time at batch 1")
+    fig.update_layout(title=title, height=420, legend=dict(orientation="h", y=-0.25))
     return fig

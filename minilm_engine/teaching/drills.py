@@ -54,12 +54,16 @@ def _weight_bytes(model: str, bytes_per_element: float = 2) -> float:
     return known_config(model).num_parameters() * bytes_per_element
 
 
-def _step_time_ms(model: str, gpu: str, batch: int, context: int, bytes_per_element: int = 2) -> float:
-    """Chapter 01's decode step model: max(bytes read / bandwidth, FLOPs / FLOP/s)."""
+def _cost_model(model: str, gpu: str, bytes_per_element: int = 2):
+    from ..experiments.batching import DecodeCostModel
+
     rates = GPUS[gpu]
-    read = _weight_bytes(model, bytes_per_element) + batch * context * _kv_bytes(model, bytes_per_element)
-    flops = 2 * known_config(model).num_parameters() * batch
-    return 1e3 * max(read / rates["bandwidth"], flops / rates["flops"])
+    return DecodeCostModel.for_shapes(known_config(model), rates["bandwidth"], rates["flops"], bytes_per_element)
+
+
+def _step_time_ms(model: str, gpu: str, batch: int, context: int, bytes_per_element: int = 2) -> float:
+    """Chapter 01's decode step model: max(weights + batch x context x KV bytes, FLOPs) / rates."""
+    return 1e3 * _cost_model(model, gpu, bytes_per_element).floor_s(batch, context)
 
 
 FORMULAS: dict[str, Callable[..., float]] = {
@@ -77,9 +81,8 @@ FORMULAS: dict[str, Callable[..., float]] = {
         1e3 * _weight_bytes(model, bytes_per_element) / GPUS[gpu]["bandwidth"]
     ),
     "step_time_ms": _step_time_ms,
-    "step_ratio": lambda model, gpu, batch, context: (
-        _step_time_ms(model, gpu, batch, context) / _step_time_ms(model, gpu, 1, context)
-    ),
+    "step_ratio": lambda model, gpu, batch, context: _cost_model(model, gpu).slowdown(batch, context),
+    "batch_at_2x": lambda model, gpu, context: _cost_model(model, gpu).batch_at_slowdown(context, 2.0),
     "crossover_batch": lambda gpu, bytes_per_element=2: (
         GPUS[gpu]["flops"] / GPUS[gpu]["bandwidth"] * bytes_per_element / 2
     ),
