@@ -65,8 +65,8 @@ def ch03(p):
         if i is not None and "solutions/" not in nb.cells[i + 1].source:
             nb.cells.insert(i + 1, stuck("03_paged_memory_solutions.ipynb", ex))
     for c in nb.cells:
-        c.source = c.source.replace("The checker runs your\nfunction and the engine's `BlockManager.slot_mapping` on 50 random cases.",
-                                    "The checker runs your\nfunction on 50 cases that the engine's `BlockManager.slot_mapping` answered.")
+        c.source = c.source.replace("The checker runs your\nfunction and the engine's `slot_mapping` (`kv_cache/block_table.py`) on 50 random cases.",
+                                    "The checker runs your\nfunction on 50 cases that the engine's `slot_mapping` (`kv_cache/block_table.py`) answered.")
     save(nb, p)
 
 def ch04(p):

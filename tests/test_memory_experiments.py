@@ -12,12 +12,12 @@ from minilm_engine import LLM, SamplingParams
 from minilm_engine.data import SYSTEM_PROMPT, sample_prompts
 from minilm_engine.experiments import memory
 from minilm_engine.kv_cache.block_pool import hash_block_tokens
+from minilm_engine.kv_cache.block_table import slot_mapping
 from minilm_engine.outputs import CompletionOutput, RequestOutput
 from minilm_engine.teaching.exercises_paging import (
     chain_hashes,
     engine_cached_prefix_blocks,
     engine_prefill_chunks,
-    engine_slot_mapping,
 )
 
 MODEL = "noodle-apprentice"
@@ -108,14 +108,10 @@ def test_prefix_sharing_run_finds_the_system_prompt_cached(llm: LLM) -> None:
 # -- exercises -------------------------------------------------------------------------------
 
 
-def stub(**_):
-    raise NotImplementedError
-
-
 def test_slot_mapping_reference_follows_the_docstring_picture() -> None:
-    # block_manager.py's picture: block_size 4, table [7, 2, 5], 10 tokens.
-    assert engine_slot_mapping([7, 2, 5], 4, 0, 10) == [28, 29, 30, 31, 8, 9, 10, 11, 20, 21]
-    assert engine_slot_mapping([3], 16, 5, 5) == []
+    # block_table.py's picture: block_size 4, table [7, 2, 5], 10 tokens.
+    assert slot_mapping([7, 2, 5], 4, 0, 10) == [28, 29, 30, 31, 8, 9, 10, 11, 20, 21]
+    assert slot_mapping([3], 16, 5, 5) == []
 
 
 def test_cached_prefix_reference_stops_at_the_first_miss_and_keeps_one_token() -> None:
@@ -134,4 +130,3 @@ def test_prefill_chunks_reference_follows_the_scheduler_arithmetic() -> None:
     assert engine_prefill_chunks(900, 6, 64) == [58] * 15 + [30]
     assert engine_prefill_chunks(10, 0, 4) == [4, 4, 2]
     assert engine_prefill_chunks(5, 3, 4) == [1] * 5
-

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..attention.kernel_stats import decode_kv_bytes
+from ..experiments.kernel_stats import decode_kv_bytes
+from ..kv_cache.block_table import slot_mapping
 from ..experiments.cost import cost_per_million_tokens
 from ..experiments.kv_growth import kv_bytes_per_token, max_cached_tokens
 from ..experiments.toy_simulator import continuous_num_steps, static_padding_waste
@@ -61,7 +62,7 @@ SOURCES: dict[str, FixtureSource] = {
     ),
     "slot_mapping": FixtureSource(
         exercises_paging.make_slot_mapping_case,
-        lambda raw: exercises_paging.engine_slot_mapping(**raw),
+        lambda raw: slot_mapping(**raw),
     ),
     "cached_prefix_blocks": FixtureSource(
         exercises_paging.make_cached_prefix_case,

@@ -2,7 +2,7 @@
 
     decode_kv_bytes_exercise   my_decode_kv_bytes(num_seqs, context_len, num_heads, num_kv_heads,
                                head_dim, dtype) against cases answered by the package's
-                               `decode_kv_bytes` (attention/kernel_stats.py)
+                               `decode_kv_bytes` (experiments/kernel_stats.py)
 
 The function is given the number of query heads too, because that is the trap the hint names:
 in grouped-query attention the query heads of a group share one read of their K/V head, so
@@ -48,6 +48,6 @@ decode_kv_bytes_exercise = Exercise(
         "head_dim elements; dtype.itemsize gives the bytes of one element. The query heads of a "
         "group all use the K/V their program loaded once: does num_heads change the bytes read?"
     ),
-    shows=("minilm_engine.attention.kernel_stats:decode_kv_bytes",),
+    shows=("minilm_engine.experiments.kernel_stats:decode_kv_bytes",),
     solutions="A1_triton_paged_attention_solutions.ipynb",
 )
