@@ -53,13 +53,17 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     args = parser.parse_args()
     failed = []
+
+    def name(path: Path) -> str:
+        return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
     for path in [p.resolve() for p in args.paths] or all_notebooks():
         try:
             seconds = execute(path, args.smoke, args.timeout)
-            print(f"{path.relative_to(ROOT)}: executed in {seconds:.0f} s", flush=True)
+            print(f"{name(path)}: executed in {seconds:.0f} s", flush=True)
         except Exception as e:  # noqa: BLE001 - report every notebook, then fail
             failed.append(path)
-            print(f"{path.relative_to(ROOT)}: FAILED ({type(e).__name__}: {str(e)[:500]})", flush=True)
+            print(f"{name(path)}: FAILED ({type(e).__name__}: {str(e)[:500]})", flush=True)
     return 1 if failed else 0
 
 
