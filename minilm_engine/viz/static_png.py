@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 import re
 from typing import Any
 
@@ -49,7 +50,7 @@ def figure_to_png(fig) -> bytes:
             _draw_trace(ax, trace, layout, PLOTLY_COLORWAY[index % len(PLOTLY_COLORWAY)])
         _finish_axes(axes, layout)
         _annotate(canvas, layout)
-        _legend(canvas, axes, layout)
+        _legend(canvas, axes, layout, spec)
         buffer = io.BytesIO()
         canvas.savefig(buffer, format="png", dpi=DPI)
         return buffer.getvalue()
@@ -75,10 +76,29 @@ def _axis_name(ref: str, kind: str) -> str:
     return kind + "axis" + ref[1:]
 
 
+def _legend_labels(spec: dict, layout: dict) -> list[str]:
+    if layout.get("showlegend") is False:
+        return []
+    labels = []
+    for trace in spec.get("data", []):
+        name = trace.get("name")
+        if name and trace.get("showlegend", True) is not False and name not in labels:
+            labels.append(name)
+    return labels if len(labels) > 1 or layout.get("showlegend") else []
+
+
+LEGEND_COLUMNS = 3
+LEGEND_ROW_PX = 22
+
+
 def _make_axes(canvas, spec, layout, width, height) -> dict[tuple[str, str], Any]:
     margin = layout.get("margin") or {}
+    num_rows = math.ceil(len(_legend_labels(spec, layout)) / LEGEND_COLUMNS)
     left, right = (margin.get("l") or 70) / width, 1 - (margin.get("r") or 30) / width
-    bottom, top = (margin.get("b") or 60) / height, 1 - (margin.get("t") or 80) / height
+    subplot_titles = any(n.get("yref", "paper") == "paper" and (n.get("y") or 0) >= 1
+                         for n in layout.get("annotations") or [])
+    top_px = max(margin.get("t") or 80, 60) + LEGEND_ROW_PX * num_rows + 16 * subplot_titles
+    bottom, top = (margin.get("b") or 60) / height, 1 - top_px / height
     pairs = {(t.get("xaxis") or "x", t.get("yaxis") or "y") for t in spec.get("data", [])}
     pairs |= {("x", "y")} if not pairs else set()
     axes, shared_x = {}, {}
@@ -118,6 +138,16 @@ def _finish_axes(axes, layout) -> None:
                 low, high = (ax.get_xlim if kind == "x" else ax.get_ylim)()
                 if low > 0:
                     set_lim(0, high)
+            tickvals = _values(axis.get("tickvals"))
+            if tickvals:
+                (ax.set_xticks if kind == "x" else ax.set_yticks)(tickvals, [f"{v:g}" if isinstance(v, (int, float)) else str(v) for v in tickvals])
+            elif axis.get("type") == "log":  # plotly labels 1, 2, 5, 10 ..., not powers of ten
+                from matplotlib.ticker import FuncFormatter, LogLocator
+
+                target = ax.xaxis if kind == "x" else ax.yaxis
+                target.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+                target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                target.set_minor_formatter(FuncFormatter(lambda v, _: ""))
             if axis.get("showticklabels") is False:
                 (ax.set_xticklabels if kind == "x" else ax.set_yticklabels)([])
         ax.tick_params(labelsize=8)
@@ -288,8 +318,8 @@ def _paper_to_canvas(canvas, x: float, y: float) -> tuple[float, float]:
     return x0 + x * (x1 - x0), y0 + y * (y1 - y0)
 
 
-def _legend(canvas, axes, layout) -> None:
-    if layout.get("showlegend") is False:
+def _legend(canvas, axes, layout, spec) -> None:
+    if not _legend_labels(spec, layout):
         return
     handles, labels = [], []
     for ax in axes.values():
@@ -299,9 +329,11 @@ def _legend(canvas, axes, layout) -> None:
             if label and not label.startswith("_") and label not in labels:
                 handles.append(handle)
                 labels.append(label)
-    if len(labels) > 1 or (labels and layout.get("showlegend")):
-        canvas.legend(handles, labels, loc="upper right", ncol=min(len(labels), 4), fontsize=8,
-                      frameon=False, bbox_to_anchor=(1.0, 0.94))
+    if labels:  # under the title, above the plots (room made in _make_axes)
+        title_lines = len(_text(((layout.get("title") or {}).get("text")) or "").splitlines())
+        anchor = 1 - (10 + 16 * title_lines) / (canvas.get_figheight() * DPI)
+        canvas.legend(handles, labels, loc="upper center", ncol=min(len(labels), LEGEND_COLUMNS),
+                      fontsize=8, frameon=False, bbox_to_anchor=(0.5, anchor))
 
 
 # -- values --------------------------------------------------------------------------------------
