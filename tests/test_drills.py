@@ -127,3 +127,23 @@ def test_the_widget_builds_and_grades() -> None:
         reveal.click()
         had_it.click()
         assert "Model answer" in feedback.value and "1 / 1" in score.value
+
+
+def test_the_mock_interview_widget_walks_the_set() -> None:
+    pytest.importorskip("ipywidgets")
+    from minilm_engine.teaching.quiz_widget import mock_widget
+
+    mock = Quiz(seed=0).mock_interview(num_questions=3, minutes=5, seed=4)
+    box = mock_widget(mock)
+    header, question, row, feedback = box.children
+    answer, submit, had_it, missed = row.children
+    assert "question 1 of 3" in header.value and "left" in header.value
+    for drill in list(mock.drills):
+        if drill.value is not None:
+            answer.value = str(drill.value)
+            submit.click()
+        else:
+            had_it.click()
+        assert "Model answer to the last one" in feedback.value
+    assert mock.finish().startswith("3 / 3 correct") and "3 / 3 correct" in question.value
+    assert submit.disabled and had_it.disabled

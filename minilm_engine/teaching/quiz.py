@@ -5,7 +5,7 @@ random drill not asked yet (among those that match); `answer(text)` grades a num
 against its computed value within its tolerance and returns a `Grade`; a drill without a number
 is graded by the learner after the reveal, with `self_grade(correct)`.  `mock_interview(n,
 minutes)` draws a timed set of n drills, `MockInterview.finish()` reports the score and the time.
-`widget()` is the ipywidgets front (ipywidgets 7 and 8: Colab and JupyterLab); where no widget
+`widget()` (and `MockInterview.show()`) is the ipywidgets front (ipywidgets 7 and 8: Colab and JupyterLab); where no widget
 frontend runs (CI, a script, GitHub) `show()` prints the questions with their answers instead.
 """
 
@@ -149,6 +149,19 @@ class MockInterview:
         over = " (over time)" if self.elapsed_s > self.time_limit_s else ""
         return (f"{num_correct} / {len(self.drills)} correct in {self.elapsed_s / 60:.1f} of "
                 f"{self.time_limit_s / 60:.0f} minutes{over}")
+
+    def show(self) -> None:
+        """The timed widget in a live notebook; the printed sheet elsewhere."""
+        from ..viz import default_mode
+
+        if default_mode() == "widget":
+            from IPython.display import display
+
+            from .quiz_widget import mock_widget
+
+            display(mock_widget(self))
+        else:
+            self.print_sheet()
 
     def print_sheet(self) -> None:
         """The set as text: questions, then answers (for paper or a headless run)."""

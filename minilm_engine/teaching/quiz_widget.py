@@ -80,3 +80,43 @@ def _model_answer(quiz: Quiz) -> str:
     drill = quiz.current
     return (f"<p><b>Model answer.</b> {html.escape(drill.answer)}<br>"
             f"<small>Measured in {html.escape(drill.link)}</small></p>")
+
+
+def mock_widget(mock) -> widgets.VBox:
+    """One question at a time: answer (numbers are checked) or self-grade, then the next; the
+    clock shows the time left at every click, and the score at the end."""
+    header = widgets.HTML()
+    question = widgets.HTML()
+    answer = widgets.Text(placeholder="a number, or your notes")
+    submit = widgets.Button(description="Submit")
+    had_it = widgets.Button(description="I had it", button_style="success")
+    missed = widgets.Button(description="I missed it", button_style="warning")
+    feedback = widgets.HTML()
+
+    def refresh(message: str = "") -> None:
+        left = mock.remaining_s
+        clock = f"{int(left // 60)}:{int(left % 60):02d} left" if left > 0 else "<b>time is up</b>"
+        drill = mock.current
+        header.value = f"<b>Mock interview</b> · question {min(len(mock.results) + 1, len(mock.drills))} of {len(mock.drills)} · {clock}"
+        if drill is None:
+            question.value = f"<b>{html.escape(mock.finish())}</b>"
+            answer.disabled = submit.disabled = had_it.disabled = missed.disabled = True
+        else:
+            question.value = render_html(drill)
+            numeric = drill.value is not None
+            submit.disabled, had_it.disabled, missed.disabled = not numeric, numeric, numeric
+        feedback.value = message
+
+    def record(text: str | None, correct: bool | None) -> None:
+        drill = mock.current
+        if drill is None:
+            return
+        verdict = mock.answer(text, correct)
+        answer.value = ""
+        refresh(f"{'✅' if verdict else '❌'} Model answer to the last one: {html.escape(drill.answer)}")
+
+    submit.on_click(lambda _: record(answer.value, None))
+    had_it.on_click(lambda _: record(None, True))
+    missed.on_click(lambda _: record(None, False))
+    refresh()
+    return widgets.VBox([header, question, widgets.HBox([answer, submit, had_it, missed]), feedback])
