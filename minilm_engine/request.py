@@ -130,11 +130,16 @@ class Request:
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
 
+    def is_stop_token(self, token_id: int) -> bool:
+        """Whether this token would end the request (a stop token id, or EOS unless ignored)."""
+        params = self.sampling_params
+        return token_id in params.stop_token_ids or (
+            not params.ignore_eos and token_id in self.eos_token_ids
+        )
+
     def _check_stop(self) -> None:
         params, token = self.sampling_params, self.output_token_ids[-1]
-        if token in params.stop_token_ids or (
-            not params.ignore_eos and token in self.eos_token_ids
-        ):
+        if self.is_stop_token(token):
             self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, token
             return
         for stop in params.stop_strings:
