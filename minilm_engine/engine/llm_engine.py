@@ -26,8 +26,10 @@ from ..kv_cache.block_pool import BlockPool
 from ..kv_cache.paged import PagedKVCache
 from ..models import CausalLM
 from ..outputs import RequestOutput
-from ..request import Request
+from ..request import Request, RequestStatus
 from ..sampling_params import SamplingParams
+from ..spec_decode.metrics import SpecDecodingStats
+from ..spec_decode.proposer import DraftModelProposer, load_draft_model, num_drafts_wanted
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphRunner
 from .model_runner import ModelRunner
@@ -37,11 +39,19 @@ from .trace import ScheduledChunk, StepCallback, StepRecord, StepTrace
 CPU_KV_CACHE_LIMIT = 1 << 30  # never reserve more than 1 GiB of KV cache on a CPU by default
 
 
-def decide_num_kv_blocks(config: EngineConfig, model: CausalLM, max_model_len: int) -> int:
-    """Pool size: as asked (`num_kv_blocks`, or `kv_cache_memory` bytes), else the default below."""
+def decide_num_kv_blocks(
+    config: EngineConfig, model: CausalLM, max_model_len: int, draft: CausalLM | None = None
+) -> int:
+    """Pool size: as asked (`num_kv_blocks`, or `kv_cache_memory` bytes), else the default below.
+
+    With a draft model (speculative decoding) the draft gets a pool of as many blocks, so a
+    block's bytes are the target's plus the draft's.
+    """
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     per_block = PagedKVCache.bytes_per_block(model.config, config.block_size, model.dtype)
+    if draft is not None:
+        per_block += PagedKVCache.bytes_per_block(draft.config, config.block_size, draft.dtype)
     if config.kv_cache_memory is not None:
         return max(1, config.kv_cache_memory // per_block)
     return default_num_kv_blocks(config, max_model_len, per_block, kv_cache_limit(config, model.device))
@@ -91,7 +101,10 @@ class LLMEngine:
                 f"without chunked prefill, max_num_batched_tokens ({self.config.max_num_batched_tokens}) "
                 f"must be >= max_model_len ({self.max_model_len}) so that every prompt fits one step"
             )
-        num_blocks = decide_num_kv_blocks(self.config, model, self.max_model_len)
+        # Speculative decoding: the draft model, loaded and checked against the target now.
+        spec = self.config.speculative_config
+        draft = load_draft_model(spec, model, tokenizer, self.max_model_len) if spec else None
+        num_blocks = decide_num_kv_blocks(self.config, model, self.max_model_len, draft)
         self.block_pool = BlockPool(
             num_blocks,
             enable_caching=self.config.enable_prefix_caching,
@@ -109,6 +122,14 @@ class LLMEngine:
         self.runner = ModelRunner(
             model, self.cache, self.block_manager, self.attention_backend, self._capture_decode_graphs()
         )
+        self.proposer: DraftModelProposer | None = None
+        self.spec_decoding_stats: SpecDecodingStats | None = None  # the engine's totals
+        if draft is not None:
+            self.proposer = DraftModelProposer(
+                draft, num_blocks, self.config.block_size, self.config.enable_prefix_caching,
+                self.attention_backend,
+            )
+            self.spec_decoding_stats = SpecDecodingStats(spec.num_speculative_tokens)
         self.requests: dict[str, Request] = {}
         self.trace = StepTrace()
         self.num_steps = 0
@@ -166,8 +187,14 @@ class LLMEngine:
         request = self.requests.pop(request_id, None)
         if request is None or request.finished:
             return
-        self.scheduler.finish(request)
+        self._release(request)
         request.abort()
+
+    def _release(self, request: Request) -> None:
+        """Free a finished or aborted request's blocks, the draft's too."""
+        self.scheduler.finish(request)
+        if self.proposer is not None:
+            self.proposer.free(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -192,7 +219,11 @@ class LLMEngine:
         """`step`, returning the `Request`s that got a token rather than snapshots of them
         (a snapshot copies the output ids: at 256 requests, a millisecond a step)."""
         start = time.perf_counter()
+        drafted, draft_probs = self._propose_drafts()
         sched = self.scheduler.schedule()
+        for request in sched.preempted:
+            if self.proposer is not None:
+                self.proposer.free(request.request_id)  # recomputed from scratch when resumed
         if sched.is_empty:
             if self.scheduler.has_unfinished_requests():
                 raise RuntimeError("scheduler made no progress (pool too small for any request)")
@@ -201,36 +232,85 @@ class LLMEngine:
         for s in sched.scheduled:
             if s.request.metrics.first_scheduled_time is None:
                 s.request.metrics.first_scheduled_time = now
+        is_prefill = [s.is_prefill for s in sched.scheduled]  # before the step moves them on
+        results = self.runner.execute(sched.scheduled, draft_probs)
+
+        # Append each request's new tokens (one, or with speculation up to k + 1) until it ends.
+        advanced, num_rejected = [], []
+        for s, tokens in zip(sched.scheduled, results):
+            request = s.request
+            num_appended = 0
+            for token in tokens:
+                request.append_decoded_token(token, self.tokenizer)
+                num_appended += 1
+                if request.finished:
+                    break  # tokens after a stop are dropped, accepted or not
+            # Drafts not in the output now (rejected, or past a stop) are rolled back.
+            num_rejected.append(len(s.spec_token_ids) - max(num_appended - 1, 0))
+            if s.spec_token_ids:
+                self._observe_round(request, len(s.spec_token_ids), len(tokens) - 1)
+            if tokens:
+                advanced.append(request)
+        self.scheduler.update_from_output(sched, num_rejected)
+
+        finished = []
+        for request in advanced:
+            if request.finished:
+                self._release(request)
+                self.requests.pop(request.request_id, None)
+                finished.append(request.request_id)
+        for request in drafted:
+            request.spec_token_ids = []
+            if self.proposer is not None and not request.finished and request.status is RequestStatus.RUNNING:
+                self.proposer.rollback(request)
+        self.num_steps += 1
+        if self.config.record_trace:
+            self._record(start, sched, is_prefill, results, finished)
+        return advanced
+
+    # -- speculative decoding ---------------------------------------------------------------
+
+    def _propose_drafts(self) -> tuple[list[Request], dict[str, torch.Tensor]]:
+        """The draft's guesses for every running request that is decoding: stored in
+        `request.spec_token_ids` for the scheduler, the draft's probabilities returned."""
+        if self.proposer is None:
+            return [], {}
+        k = self.config.speculative_config.num_speculative_tokens
+        decoding = [
+            r for r in self.scheduler.running
+            if r.num_computed_tokens == r.num_tokens - 1 and r.output_token_ids
+        ]
+        proposals = self.proposer.propose(decoding, [num_drafts_wanted(r, k) for r in decoding])
+        draft_probs = {}
+        for request, proposal in zip(decoding, proposals):
+            request.spec_token_ids = proposal.token_ids
+            if proposal.probs is not None:
+                draft_probs[request.request_id] = proposal.probs
+        return decoding, draft_probs
+
+    def _observe_round(self, request: Request, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        metrics = request.metrics
+        if metrics.spec_decoding is None:
+            metrics.spec_decoding = SpecDecodingStats(self.spec_decoding_stats.num_spec_tokens)
+        metrics.spec_decoding.observe(num_draft_tokens, num_accepted_tokens)
+        self.spec_decoding_stats.observe(num_draft_tokens, num_accepted_tokens)
+
+    def _record(self, start: float, sched, is_prefill, results: list[list[int]], finished: list[str]) -> None:
+        pool = self.block_pool
+        preempted = sched.preempted
         chunks = [
             ScheduledChunk(
                 s.request.request_id,
-                s.num_new_tokens if s.is_prefill else 0,
-                0 if s.is_prefill else s.num_new_tokens,
+                s.num_new_tokens if prefill else 0,
+                0 if prefill else s.num_new_tokens,
                 s.num_cached_tokens,
+                num_draft_tokens=len(s.spec_token_ids),
+                num_accepted_tokens=len(tokens) - 1 if s.spec_token_ids else 0,
+                draft_token_ids=list(s.spec_token_ids),
+                output_token_ids=tokens,
             )
-            for s in sched.scheduled
+            for s, prefill, tokens in zip(sched.scheduled, is_prefill, results)
         ]
-        tokens = self.runner.execute(sched.scheduled)
-        self.scheduler.update_from_output(sched)
-
-        advanced, finished = [], []
-        for s, token in zip(sched.scheduled, tokens):
-            request = s.request
-            if token is None:
-                continue  # a prefill chunk: nothing to sample yet
-            request.append_decoded_token(token, self.tokenizer)
-            if request.finished:
-                self.scheduler.finish(request)
-                self.requests.pop(request.request_id, None)
-                finished.append(request.request_id)
-            advanced.append(request)
-        self.num_steps += 1
-        if self.config.record_trace:
-            self._record(start, chunks, sched.preempted, finished)
-        return advanced
-
-    def _record(self, start, chunks, preempted, finished) -> None:
-        pool = self.block_pool
         self.trace.append(
             StepRecord(
                 step=self.num_steps - 1,

@@ -32,14 +32,18 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens computed this step, from request.num_computed_tokens on
     num_cached_tokens: int = 0  # prefix-cache hit, on the request's first step only
+    # Speculative decoding: the drafts verified this step, after the request's last token
+    # (num_new_tokens counts them: 1 + len(spec_token_ids) for a speculating decode).
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def is_prefill(self) -> bool:
-        """Decode = computing the one token sampled last step; anything else fills the cache
-        (a prompt, a chunk of one, or a preempted request's recompute)."""
+        """Decode = computing the one token sampled last step (and any drafts after it);
+        anything else fills the cache (a prompt, a chunk of one, or a preempted request's
+        recompute)."""
         r = self.request
         is_decode = (
-            self.num_new_tokens == 1
+            self.num_new_tokens == 1 + len(self.spec_token_ids)
             and r.num_computed_tokens == r.num_tokens - 1
             and len(r.output_token_ids) > 0
         )
@@ -48,7 +52,8 @@ class ScheduledRequest:
     @property
     def completes_sequence(self) -> bool:
         """After this step every known token is computed, so the step samples a new token."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens + len(self.spec_token_ids)
 
 
 @dataclass
@@ -67,6 +72,12 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+
+def _spec_scheduled(request: Request, num_new_tokens: int) -> list[int]:
+    """The drafts that fit in `num_new_tokens` after the request's uncomputed tokens."""
+    num_spec = request.num_computed_tokens + num_new_tokens - request.num_tokens
+    return request.spec_token_ids[:num_spec] if num_spec > 0 else []
 
 
 class Scheduler:
@@ -107,7 +118,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                out.scheduled.append(ScheduledRequest(request, num_new))
+                out.scheduled.append(ScheduledRequest(request, num_new, 0, _spec_scheduled(request, num_new)))
                 budget -= num_new
                 i += 1
 
@@ -133,6 +144,9 @@ class Scheduler:
 
     def _num_tokens_to_compute(self, request: Request, budget: int) -> int:
         remaining = request.num_tokens - request.num_computed_tokens
+        if remaining == 1 and request.spec_token_ids:
+            # A decode with drafts: as many drafts as the budget leaves room for.
+            return min(1 + len(request.spec_token_ids), budget)
         if remaining <= budget:
             return remaining
         # Without chunked prefill a prompt runs whole or waits for a step with room for it.
@@ -141,15 +155,24 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request.request_id)
         request.num_computed_tokens = 0
+        request.spec_token_ids = []  # drafts of a request that does not run now are stale
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
 
-    def update_from_output(self, out: SchedulerOutput) -> None:
-        """The step ran: its tokens' keys/values are in the cache; full blocks join the cache."""
-        for s in out.scheduled:
+    def update_from_output(self, out: SchedulerOutput, num_rejected: list[int] | None = None) -> None:
+        """The step ran: its tokens' keys/values are in the cache; full blocks join the cache.
+
+        `num_rejected[i]`: drafts of scheduled request i the target turned down (speculative
+        decoding; call this after appending the accepted tokens).  Their keys/values are
+        garbage: the computed count falls back before them, and blocks past it are freed.
+        """
+        for i, s in enumerate(out.scheduled):
             r = s.request
-            r.num_computed_tokens += s.num_new_tokens
+            rejected = num_rejected[i] if num_rejected is not None else 0
+            r.num_computed_tokens += s.num_new_tokens - rejected
             self.block_manager.commit(r.request_id, r.all_token_ids, r.num_computed_tokens)
+            if rejected:
+                self.block_manager.trim(r.request_id, r.num_computed_tokens)
 
     def finish(self, request: Request) -> None:
         """Remove a finished or aborted request and free its blocks (now, not later)."""

@@ -34,10 +34,29 @@ from ..attention.backends import AttentionBackend
 from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool
 from ..kv_cache.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
-from ..models import CausalLM
+from ..models import CausalLM, load_model, resolve_model_path
 from ..request import Request
 from ..sampler import sampling_probs
+from .config import SpeculativeConfig, check_draft_fits_target
 from .rejection_sampler import DraftTokens
+
+
+def load_draft_model(config: SpeculativeConfig, target: CausalLM, target_tokenizer, max_model_len: int) -> CausalLM:
+    """Load the draft named in `config` beside the target (same device and dtype), after
+    checking it can draft for it (`check_draft_fits_target`): a clear error at construction."""
+    folder = resolve_model_path(config.model)
+    draft = load_model(folder, dtype=target.dtype, device=target.device)
+    draft_tokenizer = None
+    if any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        from transformers import AutoTokenizer
+
+        draft_tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    check_draft_fits_target(
+        draft.config, target.config, draft_tokenizer, target_tokenizer, max_model_len,
+        draft_num_parameters=sum(p.numel() for p in draft.parameters()),
+        target_num_parameters=sum(p.numel() for p in target.parameters()),
+    )
+    return draft
 
 
 def num_drafts_wanted(request: Request, num_speculative_tokens: int) -> int:
