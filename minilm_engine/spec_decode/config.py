@@ -88,9 +88,9 @@ def check_draft_fits_target(
             f"the draft's context holds {draft_config.max_position_embeddings} tokens, less than "
             f"max_model_len={max_model_len}; lower max_model_len or pick a longer-context draft"
         )
-    if draft_num_parameters >= target_num_parameters:
+    if draft_num_parameters > target_num_parameters:
         warnings.warn(
-            f"the draft model ({draft_num_parameters:,} parameters) is not smaller than the target "
-            f"({target_num_parameters:,}): every round then costs more than it saves",
+            f"the draft model ({draft_num_parameters:,} parameters) is bigger than the target "
+            f"({target_num_parameters:,}): a round then costs more than it saves",
             stacklevel=3,
         )
