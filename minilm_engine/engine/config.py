@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..attention.backends import ATTENTION_BACKENDS
 from ..spec_decode.config import SpeculativeConfig
 
 
@@ -53,7 +54,7 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
-        if self.attention_backend not in ("auto", "torch", "triton"):
+        if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
-                f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}"
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
             )

@@ -21,9 +21,11 @@ import torch
 
 from ..attention.backends import get_attention_backend
 from ..inputs import InputProcessor, PromptType
-from ..kv_cache.block_manager import BlockManager, cdiv
+from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool
+from ..kv_cache.block_table import cdiv
 from ..kv_cache.paged import PagedKVCache
+from ..kv_cache.sizing import decide_num_kv_blocks
 from ..models import CausalLM
 from ..outputs import RequestOutput
 from ..request import Request, RequestStatus
@@ -33,55 +35,8 @@ from ..spec_decode.proposer import DraftModelProposer, load_draft_model, num_dra
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphRunner
 from .model_runner import ModelRunner
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .trace import ScheduledChunk, StepCallback, StepRecord, StepTrace
-
-CPU_KV_CACHE_LIMIT = 1 << 30  # never reserve more than 1 GiB of KV cache on a CPU by default
-
-
-def decide_num_kv_blocks(
-    config: EngineConfig, model: CausalLM, max_model_len: int, draft: CausalLM | None = None
-) -> int:
-    """Pool size: as asked (`num_kv_blocks`, or `kv_cache_memory` bytes), else the default below.
-
-    With a draft model (speculative decoding) the draft gets a pool of as many blocks, so a
-    block's bytes are the target's plus the draft's.
-    """
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    per_block = PagedKVCache.bytes_per_block(model.config, config.block_size, model.dtype)
-    if draft is not None:
-        per_block += PagedKVCache.bytes_per_block(draft.config, config.block_size, draft.dtype)
-    if config.kv_cache_memory is not None:
-        return max(1, config.kv_cache_memory // per_block)
-    return default_num_kv_blocks(config, max_model_len, per_block, kv_cache_limit(config, model.device))
-
-
-def kv_cache_limit(config: EngineConfig, device: torch.device) -> int:
-    """Most bytes a default pool may take: 1 GiB on a CPU; on a GPU, what is free (after the
-    weights) minus the share of the whole card that `gpu_memory_utilization` leaves alone."""
-    if device.type != "cuda":
-        return CPU_KV_CACHE_LIMIT
-    free, total = torch.cuda.mem_get_info(device)
-    return int(free - (1 - config.gpu_memory_utilization) * total)
-
-
-def default_num_kv_blocks(config: EngineConfig, max_model_len: int, per_block: int, limit: int) -> int:
-    """Room for `max_num_seqs` requests of `max_model_len` tokens, within `limit` bytes.
-
-    Not all the memory there is (vLLM's choice): more blocks than that could only hold prefix
-    cache, and several engines can then share one GPU, as the chapters' side-by-side
-    comparisons do.
-    """
-    if limit < per_block:
-        raise RuntimeError(
-            f"no memory left for a KV cache: {limit / 2**20:.0f} MiB allowed, one block needs "
-            f"{per_block / 2**10:.0f} KiB; free other engines, raise gpu_memory_utilization, "
-            f"or pass num_kv_blocks / kv_cache_memory"
-        )
-    wanted = config.max_num_seqs * cdiv(max_model_len, config.block_size)  # whole blocks each
-    return max(1, min(wanted, limit // per_block))
-
 
 class LLMEngine:
     def __init__(
@@ -104,11 +59,16 @@ class LLMEngine:
         # Speculative decoding: the draft model, loaded and checked against the target now.
         spec = self.config.speculative_config
         draft = load_draft_model(spec, model, tokenizer, self.max_model_len) if spec else None
-        num_blocks = decide_num_kv_blocks(self.config, model, self.max_model_len, draft)
+        num_blocks = decide_num_kv_blocks(
+            self.config, model.config, model.dtype, model.device, self.max_model_len,
+            draft_model_config=None if draft is None else draft.config,
+        )
+        self.trace = StepTrace()
         self.block_pool = BlockPool(
             num_blocks,
             enable_caching=self.config.enable_prefix_caching,
-            record_events=self.config.record_trace,  # nobody drains them otherwise
+            # Block events feed the trace; without one, the pool builds none.
+            observer=self.trace.block_log if self.config.record_trace else None,
         )
         self.block_manager = BlockManager(
             self.block_pool, self.config.block_size, self.config.enable_prefix_caching
@@ -131,7 +91,6 @@ class LLMEngine:
             )
             self.spec_decoding_stats = SpecDecodingStats(spec.num_speculative_tokens)
         self.requests: dict[str, Request] = {}
-        self.trace = StepTrace()
         self.num_steps = 0
 
     @property
@@ -172,7 +131,7 @@ class LLMEngine:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
         # A request that could not fit the whole pool even alone would be preempted forever.
         worst_case = request.num_prompt_tokens + request.max_new_tokens
-        blocks_needed = -(-worst_case // self.config.block_size)
+        blocks_needed = cdiv(worst_case, self.config.block_size)
         if blocks_needed > self.block_pool.num_blocks:
             raise ValueError(
                 f"request {request.request_id!r} may need {worst_case} tokens of KV cache "
@@ -232,7 +191,6 @@ class LLMEngine:
         for s in sched.scheduled:
             if s.request.metrics.first_scheduled_time is None:
                 s.request.metrics.first_scheduled_time = now
-        is_prefill = [s.is_prefill for s in sched.scheduled]  # before the step moves them on
         results = self.runner.execute(sched.scheduled, draft_probs)
 
         # Append each request's new tokens (one, or with speculation up to k + 1) until it ends.
@@ -265,7 +223,7 @@ class LLMEngine:
                 self.proposer.rollback(request)
         self.num_steps += 1
         if self.config.record_trace:
-            self._record(start, sched, is_prefill, results, finished)
+            self._record(start, sched, results, finished)
         return advanced
 
     # -- speculative decoding ---------------------------------------------------------------
@@ -295,21 +253,20 @@ class LLMEngine:
         metrics.spec_decoding.observe(num_draft_tokens, num_accepted_tokens)
         self.spec_decoding_stats.observe(num_draft_tokens, num_accepted_tokens)
 
-    def _record(self, start: float, sched, is_prefill, results: list[list[int]], finished: list[str]) -> None:
+    def _record(self, start: float, sched: SchedulerOutput, results: list[list[int]], finished: list[str]) -> None:
         pool = self.block_pool
-        preempted = sched.preempted
         chunks = [
             ScheduledChunk(
                 s.request.request_id,
-                s.num_new_tokens if prefill else 0,
-                0 if prefill else s.num_new_tokens,
+                s.num_new_tokens if s.is_prefill else 0,
+                0 if s.is_prefill else s.num_new_tokens,
                 s.num_cached_tokens,
                 num_draft_tokens=len(s.spec_token_ids),
                 num_accepted_tokens=len(tokens) - 1 if s.spec_token_ids else 0,
                 draft_token_ids=list(s.spec_token_ids),
                 output_token_ids=tokens,
             )
-            for s, prefill, tokens in zip(sched.scheduled, is_prefill, results)
+            for s, tokens in zip(sched.scheduled, results)
         ]
         self.trace.append(
             StepRecord(
@@ -317,9 +274,9 @@ class LLMEngine:
                 start_time=start,
                 duration_s=time.perf_counter() - start,
                 chunks=chunks,
-                preempted=[r.request_id for r in preempted],
+                preempted=[r.request_id for r in sched.preempted],
                 finished=finished,
-                block_events=pool.drain_events(),
+                block_events=self.trace.block_log.drain(),
                 num_waiting=len(self.scheduler.waiting),
                 num_running=len(self.scheduler.running),
                 num_blocks=pool.num_blocks,

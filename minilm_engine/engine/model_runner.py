@@ -23,7 +23,8 @@ import torch
 
 from ..attention.backends import AttentionBackend
 from ..kv_cache.block_manager import BlockManager
-from ..kv_cache.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from ..attention.paged import PagedAttentionMetadata
+from ..kv_cache.paged import PagedAttention, PagedKVCache
 from ..models import CausalLM
 from ..sampler import sample
 from ..spec_decode.rejection_sampler import DraftTokens, rejection_sample
@@ -48,39 +49,13 @@ class ModelRunner:
 
     def prepare(self, scheduled: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
         """Build (input_ids (N,), positions (N,), metadata) for the flattened step."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        query_start_loc = [0]
-        context_lens: list[int] = []
-        block_tables: list[list[int]] = []
+        chunks = []
         for s in scheduled:
             r = s.request
             start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
-            input_ids += r.all_token_ids[start : end - len(s.spec_token_ids)] + s.spec_token_ids
-            positions += range(start, end)
-            slot_mapping += self.block_manager.slot_mapping(r.request_id, start, end)
-            query_start_loc.append(len(input_ids))
-            context_lens.append(end)
-            block_tables.append(self.block_manager.get_block_table(r.request_id))
-        width = max(len(t) for t in block_tables)
-        device = self.model.device
-
-        def as_tensor(values) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        meta = PagedAttentionMetadata(
-            slot_mapping=as_tensor(slot_mapping),
-            query_start_loc=as_tensor(query_start_loc),
-            context_lens=as_tensor(context_lens),
-            # Through numpy: a list of lists converts to an array ~4x faster than to a tensor,
-            # and at 256 sequences of long contexts this table is most of what a step copies.
-            block_tables=torch.from_numpy(
-                np.array([t + [0] * (width - len(t)) for t in block_tables], dtype=np.int64)
-            ).to(device),
-            max_query_len=max(s.num_new_tokens for s in scheduled),
-        )
-        return as_tensor(input_ids), as_tensor(positions), meta
+            # A speculating decode computes its last token and then its drafts.
+            chunks.append((r.request_id, r.all_token_ids[start : end - len(s.spec_token_ids)] + s.spec_token_ids, start))
+        return flatten_chunks(chunks, self.block_manager, self.model.device)
 
     @torch.inference_mode()
     def execute(
@@ -133,3 +108,42 @@ class ModelRunner:
                 draft, logits[offset : offset + k + 1], s.request.sampling_params, s.request.generator
             )
             offset += k + 1
+
+
+def flatten_chunks(
+    chunks: list[tuple[str, list[int], int]], block_manager: BlockManager, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
+    """(request id, token ids, position of the first) per sequence -> (input_ids (N,),
+    positions (N,), metadata) of one flat forward pass over all of them.  The draft model of
+    speculative decoding builds its passes with it too, over its own block manager."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slot_mapping: list[int] = []
+    query_start_loc = [0]
+    context_lens: list[int] = []
+    block_tables: list[list[int]] = []
+    for request_id, token_ids, start in chunks:
+        end = start + len(token_ids)
+        input_ids += token_ids
+        positions += range(start, end)
+        slot_mapping += block_manager.slot_mapping(request_id, start, end)
+        query_start_loc.append(len(input_ids))
+        context_lens.append(end)
+        block_tables.append(block_manager.get_block_table(request_id))
+    width = max(len(t) for t in block_tables)
+
+    def as_tensor(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    meta = PagedAttentionMetadata(
+        slot_mapping=as_tensor(slot_mapping),
+        query_start_loc=as_tensor(query_start_loc),
+        context_lens=as_tensor(context_lens),
+        # Through numpy: a list of lists converts to an array ~4x faster than to a tensor,
+        # and at 256 sequences of long contexts this table is most of what a step copies.
+        block_tables=torch.from_numpy(
+            np.array([t + [0] * (width - len(t)) for t in block_tables], dtype=np.int64)
+        ).to(device),
+        max_query_len=max(len(token_ids) for _, token_ids, _ in chunks),
+    )
+    return as_tensor(input_ids), as_tensor(positions), meta

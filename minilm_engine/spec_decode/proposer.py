@@ -27,13 +27,13 @@ is lost; the target decodes as without speculation).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ..attention.backends import AttentionBackend
 from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool
-from ..kv_cache.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from ..engine.model_runner import flatten_chunks
+from ..kv_cache.paged import PagedAttention, PagedKVCache
 from ..models import CausalLM, load_model, resolve_model_path
 from ..request import Request
 from ..sampler import sampling_probs
@@ -79,7 +79,7 @@ class DraftModelProposer:
         attention_backend: AttentionBackend | None = None,
     ):
         self.model = model
-        self.block_pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching, record_events=False)
+        self.block_pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
         self.block_manager = BlockManager(self.block_pool, block_size, enable_prefix_caching)
         self.cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, model.device)
         self.attention_backend = attention_backend
@@ -152,34 +152,9 @@ class DraftModelProposer:
     def _forward(self, chunks: list[tuple[str, list[int], int]]) -> torch.Tensor:
         """chunks of (request id, token ids, first position) -> (num_chunks, V) logits at each
         chunk's last token.  Writes the chunks' keys/values into the draft's cache."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        query_start_loc = [0]
-        context_lens: list[int] = []
-        block_tables: list[list[int]] = []
+        ids, pos, meta = flatten_chunks(chunks, self.block_manager, self.model.device)
         for rid, token_ids, start in chunks:
-            end = start + len(token_ids)
-            input_ids += token_ids
-            positions += range(start, end)
-            slot_mapping += self.block_manager.slot_mapping(rid, start, end)
-            query_start_loc.append(len(input_ids))
-            context_lens.append(end)
-            block_tables.append(self.block_manager.get_block_table(rid))
-            self.num_computed_tokens[rid] = end
-        device = self.model.device
-        width = max(len(t) for t in block_tables)
-        meta = PagedAttentionMetadata(
-            slot_mapping=torch.tensor(slot_mapping, device=device),
-            query_start_loc=torch.tensor(query_start_loc, device=device),
-            context_lens=torch.tensor(context_lens, device=device),
-            block_tables=torch.from_numpy(
-                np.array([t + [0] * (width - len(t)) for t in block_tables], dtype=np.int64)
-            ).to(device),
-            max_query_len=max(len(token_ids) for _, token_ids, _ in chunks),
-        )
-        ids = torch.tensor(input_ids, device=device)
-        pos = torch.tensor(positions, device=device)
+            self.num_computed_tokens[rid] = start + len(token_ids)
         attn = PagedAttention(self.cache, meta, self.attention_backend)
         hidden = self.model(ids[None], pos[None], attn)[0]  # (N, hidden)
         return self.model.compute_logits(hidden[meta.query_start_loc[1:] - 1])
