@@ -47,20 +47,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_generate(llm: LLM, prompts: list[str], params: SamplingParams, num_repeats: int):
-    """Best of `num_repeats` runs after a warm-up: (outputs, seconds, target forwards)."""
-    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-    best, outputs, num_forwards = float("inf"), None, 0
-    for _ in range(num_repeats):
+def _timed_generate(llm: LLM, batches: list[list[str]], params: SamplingParams):
+    """One timed pass over the batches, one batch after the other: (outputs, seconds, target
+    forwards)."""
+    outputs, seconds, num_forwards = [], 0.0, 0
+    for batch in batches:
         steps_before = llm.engine.num_steps
         _sync(llm.device)
         start = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        outputs += llm.generate(batch, params, use_tqdm=False)
         _sync(llm.device)
-        elapsed = time.perf_counter() - start
-        if elapsed < best:
-            best, num_forwards = elapsed, llm.engine.num_steps - steps_before
-    return outputs, best, num_forwards
+        seconds += time.perf_counter() - start
+        num_forwards += llm.engine.num_steps - steps_before
+    return outputs, seconds, num_forwards
 
 
 def measure_speculation(
@@ -78,31 +77,33 @@ def measure_speculation(
 
     Requests are greedy noodle-shop prompts (`sample_prompts`), ending at EOS or `max_tokens`;
     a batch of B is B different prompts submitted together, and `num_batches` batches run one
-    after the other (so batch 1 is not one prompt's luck).  Each K gets a fresh engine (its
-    statistics start at zero); the draft's and target's weights are loaded once per engine.
+    after the other (so batch 1 is not one prompt's luck).  Each K has its own engine; the
+    timed passes take turns over the Ks, `num_repeats` times, and each K keeps its fastest, so
+    a burst of load on a shared machine hits every K alike rather than one of them.
     """
     runs: list[SpecRun] = []
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    ks = (0, *num_speculative_tokens)
     for batch_size in batch_sizes:
         prompts = sample_prompts(batch_size * num_batches, seed=seed)
         batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
-        baseline_tokens = None
-        for k in (0, *num_speculative_tokens):
+        engines = {}
+        for k in ks:
             spec = {"model": draft, "num_speculative_tokens": k} if k else None
-            llm = LLM(target, device=device, max_num_seqs=max(batch_size, 1), record_trace=False,
-                      speculative_config=spec)
-            outputs, seconds, num_forwards = [], 0.0, 0
-            for batch in batches:
-                batch_outputs, batch_seconds, batch_forwards = _timed_generate(llm, batch, params, num_repeats)
-                outputs += batch_outputs
-                seconds += batch_seconds
-                num_forwards += batch_forwards
+            engines[k] = LLM(target, device=device, max_num_seqs=batch_size, record_trace=False,
+                             speculative_config=spec)
+            engines[k].generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+        best: dict[int, tuple] = {}
+        for _ in range(num_repeats):
+            for k in ks:
+                result = _timed_generate(engines[k], batches, params)
+                if k not in best or result[1] < best[k][1]:
+                    best[k] = result
+        baseline_tokens = [o.outputs[0].token_ids for o in best[0][0]]
+        for k in ks:
+            outputs, seconds, num_forwards = best[k]
             tokens = [o.outputs[0].token_ids for o in outputs]
-            if baseline_tokens is None:
-                baseline_tokens = tokens
-            stats = llm.engine.spec_decoding_stats
-            if stats is not None:  # count the timed run only (the warm-up and repeats add up)
-                stats = _stats_of(outputs, k)
+            stats = _stats_of(outputs, k) if k else None  # the timed pass only
             runs.append(SpecRun(k, batch_size, sum(len(t) for t in tokens), seconds,
                                 tokens == baseline_tokens, stats, num_forwards))
     return runs
