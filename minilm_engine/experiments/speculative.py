@@ -16,12 +16,14 @@ nearly K + 1 times as much, and every rejected draft is wasted compute.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
 from ..data.noodle_corpus import sample_prompts
+from ..kv_cache.contiguous import ContiguousKVCache
 from ..llm import LLM
 from ..sampling_params import SamplingParams
 from ..spec_decode.metrics import SpecDecodingStats, expected_tokens_per_round
@@ -150,3 +152,39 @@ def tokens_per_forward_table(runs: list[SpecRun]) -> list[dict]:
             "acceptance_rate_per_pos": r.stats.acceptance_rate_per_pos,
         })
     return rows
+
+
+@torch.inference_mode()
+def time_verify_forward(
+    model, num_new_tokens: list[int], batch_size: int = 1, context_len: int = 128,
+    num_repeats: int = 10, seed: int = 0,
+) -> dict[int, float]:
+    """Median seconds of one target forward over T new tokens per request, after a cached
+    prefix of `context_len`, for each T in `num_new_tokens` (T = K + 1 is a verification of K
+    drafts; T = 1 a plain decode step).  Each timing starts from the same cached prefix (the
+    cache is rewound), so every T sees the same context.  A contiguous cache keeps the
+    measurement about the model, not the engine's bookkeeping."""
+    device = model.device
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    max_new = max(num_new_tokens)
+    cache = ContiguousKVCache(model.config, batch_size, context_len + max_new, model.dtype, device)
+    prompt = torch.randint(vocab, (batch_size, context_len), generator=gen).to(device)  # (B, P)
+    cache.begin_step(torch.ones(batch_size, context_len, dtype=torch.bool, device=device))
+    model(prompt, torch.arange(context_len, device=device)[None].expand(batch_size, -1), cache)
+    medians = {}
+    for t in num_new_tokens:
+        ids = torch.randint(vocab, (batch_size, t), generator=gen).to(device)  # (B, T)
+        positions = torch.arange(context_len, context_len + t, device=device)[None].expand(batch_size, -1)
+        times = []
+        for _ in range(num_repeats + 1):  # the first is a warm-up
+            cache.num_used_slots = context_len  # rewind: forget the previous timing's tokens
+            _sync(device)
+            start = time.perf_counter()
+            cache.begin_step(torch.ones(batch_size, t, dtype=torch.bool, device=device))
+            hidden = model(ids, positions, cache)  # (B, T, hidden)
+            model.compute_logits(hidden)  # the verifier needs every row's logits
+            _sync(device)
+            times.append(time.perf_counter() - start)
+        medians[t] = statistics.median(times[1:])
+    return medians
