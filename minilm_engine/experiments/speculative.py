@@ -188,3 +188,106 @@ def time_verify_forward(
             times.append(time.perf_counter() - start)
         medians[t] = statistics.median(times[1:])
     return medians
+
+
+# -- figures (plotly is imported only here) ------------------------------------------------------
+
+
+def speedup_figure(runs: list[SpecRun], title: str = ""):
+    """Left: speedup vs K for each batch size.  Right: speedup vs batch size at each K."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rows = speedup_table(runs)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("speedup vs K", "speedup vs batch size"))
+    for batch_size in sorted({r["batch_size"] for r in rows}):
+        mine = [r for r in rows if r["batch_size"] == batch_size]
+        fig.add_trace(go.Scatter(x=[r["K"] for r in mine], y=[r["speedup"] for r in mine], mode="lines+markers",
+                                 name=f"batch {batch_size}"), 1, 1)
+    for k in sorted({r["K"] for r in rows if r["K"]}):
+        mine = [r for r in rows if r["K"] == k]
+        if len(mine) > 1:
+            fig.add_trace(go.Scatter(x=[r["batch_size"] for r in mine], y=[r["speedup"] for r in mine],
+                                     mode="lines+markers", name=f"K = {k}", line=dict(dash="dot")), 1, 2)
+    for col in (1, 2):
+        fig.add_hline(y=1.0, line=dict(color="#888", width=1), row=1, col=col)
+    fig.update_xaxes(title_text="K (drafted tokens per step)", row=1, col=1)
+    fig.update_xaxes(title_text="batch size", type="log", row=1, col=2)
+    fig.update_yaxes(title_text="output tokens/s vs no speculation", row=1, col=1)
+    fig.update_layout(title=title or "What speculation buys", height=380, margin=dict(t=80))
+    return fig
+
+
+def tokens_per_round_figure(runs: list[SpecRun], title: str = ""):
+    """Measured tokens per verification round against the formula at the measured alpha, by K."""
+    import plotly.graph_objects as go
+
+    rows = [r for r in tokens_per_forward_table(runs) if r["batch_size"] == min(x.batch_size for x in runs)]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[r["K"] for r in rows], y=[r["measured_tokens_per_round"] for r in rows],
+                             mode="markers", marker=dict(size=10), name="measured"))
+    fig.add_trace(go.Scatter(x=[r["K"] for r in rows], y=[r["formula_tokens_per_round"] for r in rows],
+                             mode="lines+markers", name="(1 - a^(K+1)) / (1 - a), a measured"))
+    fig.add_trace(go.Scatter(x=[r["K"] for r in rows], y=[r["K"] + 1 for r in rows], mode="lines",
+                             line=dict(dash="dot", color="#888"), name="K + 1 (every draft accepted)"))
+    fig.update_layout(title=title or "Tokens per target forward", xaxis_title="K", yaxis_title="tokens per round",
+                      height=360)
+    return fig
+
+
+# -- the sampled distribution, against the target's own -------------------------------------------
+
+
+@torch.inference_mode()
+def target_distribution(model, prompt_ids: list[int], params: SamplingParams, num_tokens: int) -> dict[tuple[int, ...], float]:
+    """P(first `num_tokens` output tokens) under the target alone, computed exactly from its
+    logits with the sampler's processing (temperature, top-k, top-p).  Use a top-k: the number
+    of outcomes is (kept tokens) ** num_tokens."""
+    from ..kv_cache.contiguous import NoKVCache
+    from ..sampler import sampling_probs
+
+    dist: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(num_tokens):
+        grown = {}
+        for prefix, prob in dist.items():
+            ids = torch.tensor([prompt_ids + list(prefix)], device=model.device)  # (1, T)
+            positions = torch.arange(ids.shape[1], device=model.device)[None]
+            hidden = model(ids, positions, NoKVCache(torch.ones_like(ids, dtype=torch.bool)))
+            probs = sampling_probs(model.compute_logits(hidden[0, -1]), params).cpu()  # (V,)
+            for token in (probs > 0).nonzero().flatten().tolist():
+                grown[prefix + (token,)] = prob * probs[token].item()
+        dist = grown
+    return dist
+
+
+@dataclass
+class DistributionCheck:
+    num_samples: int
+    num_outcomes: int  # outcomes the target can produce
+    num_outside: int  # samples the target could not have produced (must be 0)
+    p_value: float  # chi-square of the sampled outcomes against the target's probabilities
+    draft_acceptance_rate: float
+
+
+def check_sampled_distribution(
+    llm: LLM, prompt_ids: list[int], params: SamplingParams, num_samples: int
+) -> DistributionCheck:
+    """Sample `num_samples` seeded requests of `params.max_tokens` tokens with `llm` (typically
+    speculating) and compare their outcomes with `target_distribution` (chi-square)."""
+    from dataclasses import replace
+
+    from scipy.stats import chisquare
+
+    all_params = [replace(params, seed=seed) for seed in range(num_samples)]
+    outputs = llm.generate([{"prompt_token_ids": prompt_ids}] * num_samples, all_params, use_tqdm=False)
+    seen: dict[tuple[int, ...], int] = {}
+    for out in outputs:
+        key = tuple(out.outputs[0].token_ids)
+        seen[key] = seen.get(key, 0) + 1
+    exact = target_distribution(llm.model, prompt_ids, params, params.max_tokens)
+    keys = sorted(exact)
+    total = sum(exact.values())  # 1 up to rounding
+    p_value = chisquare([seen.get(k, 0) for k in keys], [exact[k] / total * num_samples for k in keys]).pvalue
+    stats = _stats_of(outputs, llm.engine.spec_decoding_stats.num_spec_tokens) if llm.engine.spec_decoding_stats else None
+    return DistributionCheck(num_samples, len(keys), sum(n for k, n in seen.items() if k not in exact), float(p_value),
+                             stats.draft_acceptance_rate if stats else float("nan"))
