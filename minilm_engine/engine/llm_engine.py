@@ -11,6 +11,11 @@ once.  Every step is recorded in `engine.trace`.
                  (BlockManager: slots,      (PagedAttention over          │
                   prefix hits, preempt)      the PagedKVCache)            ▼
               Scheduler.update_from_output()  <──  Request.append_decoded_token()  ──> outputs
+
+With a `speculative_config`, each step first asks the draft (`spec_decode/proposer.py`) for up
+to K tokens per decoding request; the scheduler gives each such request 1 + k tokens, the one
+forward verifies them (`spec_decode/rejection_sampler.py`), a request may get several tokens
+in one step, and `update_from_output` rolls the rejected positions back (the draft's too).
 """
 
 from __future__ import annotations
