@@ -266,7 +266,7 @@ class DistributionCheck:
     num_outcomes: int  # outcomes the target can produce
     num_outside: int  # samples the target could not have produced (must be 0)
     p_value: float  # chi-square of the sampled outcomes against the target's probabilities
-    draft_acceptance_rate: float
+    draft_acceptance_rate: float | None  # None: no draft was verified (no speculation)
 
 
 def check_sampled_distribution(
@@ -288,6 +288,8 @@ def check_sampled_distribution(
     keys = sorted(exact)
     total = sum(exact.values())  # 1 up to rounding
     p_value = chisquare([seen.get(k, 0) for k in keys], [exact[k] / total * num_samples for k in keys]).pvalue
-    stats = _stats_of(outputs, llm.engine.spec_decoding_stats.num_spec_tokens) if llm.engine.spec_decoding_stats else None
-    return DistributionCheck(num_samples, len(keys), sum(n for k, n in seen.items() if k not in exact), float(p_value),
-                             stats.draft_acceptance_rate if stats else float("nan"))
+    rate = None
+    if llm.engine.spec_decoding_stats is not None:
+        rate = _stats_of(outputs, llm.engine.spec_decoding_stats.num_spec_tokens).draft_acceptance_rate
+    return DistributionCheck(num_samples, len(keys), sum(n for k, n in seen.items() if k not in exact),
+                             float(p_value), rate)
