@@ -30,9 +30,9 @@ from __future__ import annotations
 import torch
 
 from ..attention.backends import AttentionBackend
+from ..engine.model_runner import flatten_chunks
 from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool
-from ..engine.model_runner import flatten_chunks
 from ..kv_cache.paged import PagedAttention, PagedKVCache
 from ..models import CausalLM, load_model, resolve_model_path
 from ..request import Request
@@ -102,9 +102,10 @@ class DraftModelProposer:
                     chunks.append((request.request_id, request.all_token_ids[start:], start))
         while active:
             logits = self._forward(chunks)  # (len(active), V) at each chunk's last token
+            best = logits.argmax(dim=-1).tolist()  # the greedy requests' drafts, in one call
             for row, i in enumerate(active):
                 request = requests[i]
-                token = self._draw(logits[row], request, probs[i])
+                token = best[row] if request.sampling_params.greedy else self._sample(logits[row], request, probs[i])
                 proposals[i].token_ids.append(token)
             # 2. Feed each draft back for the next one, while a request wants more.
             next_active, chunks = [], []
@@ -140,12 +141,9 @@ class DraftModelProposer:
             return None
         return start
 
-    def _draw(self, logits: torch.Tensor, request: Request, probs: list[torch.Tensor]) -> int:
-        """logits: (V,) -> the draft's token; for a sampling request, also keep q for the target."""
-        params = request.sampling_params
-        if params.greedy:
-            return int(logits.argmax())
-        q = sampling_probs(logits, params)  # (V,)
+    def _sample(self, logits: torch.Tensor, request: Request, probs: list[torch.Tensor]) -> int:
+        """logits: (V,) -> a sampling request's draft, drawn from q; q is kept for the target."""
+        q = sampling_probs(logits, request.sampling_params)  # (V,)
         probs.append(q)
         return int(torch.multinomial(q, 1, generator=request.generator))
 
