@@ -49,3 +49,12 @@ def test_check_sampled_distribution_agrees_with_the_target(checkpoints, drafts):
     # Tokens 2 and 3 come from one round with one draft (max_tokens leaves room for no more).
     assert check.num_outcomes == 8 and check.num_outside == 0
     assert check.p_value > 1e-3 and 0 < check.draft_acceptance_rate <= 1
+
+
+def test_cost_model_fits_a_line_and_picks_k():
+    model = speculative.SpecCostModel.fit(draft_step_s=0.1, verify_times={1: 1.0, 3: 1.4, 5: 1.8})
+    assert model.decode_step_s == pytest.approx(1.0) and model.verify_per_token_s == pytest.approx(0.2)
+    assert model.round_s(3) == pytest.approx(3 * 0.1 + 1.0 + 3 * 0.2)
+    assert model.speedup(0.8, 3) == pytest.approx(expected_tokens_per_round(0.8, 3) / 1.9)
+    # A better draft is worth more drafts; a perfect one, as many as allowed.
+    assert model.best_k(0.5) < model.best_k(0.9) <= model.best_k(1.0, max_k=8) == 8

@@ -293,3 +293,41 @@ def check_sampled_distribution(
         rate = _stats_of(outputs, llm.engine.spec_decoding_stats.num_spec_tokens).draft_acceptance_rate
     return DistributionCheck(num_samples, len(keys), sum(n for k, n in seen.items() if k not in exact),
                              float(p_value), rate)
+
+
+# -- choosing K: a cost model from two measurements --------------------------------------------
+
+
+@dataclass
+class SpecCostModel:
+    """Time of a round of K drafts: K draft steps plus one target forward over K + 1 tokens, the
+    latter a straight line fitted to `time_verify_forward`'s timings (they are noisy point by
+    point; the line is what the choice of K should rest on).
+
+        speedup(alpha, K) = decode_step_s * E[tokens per round](alpha, K) / round_s(K)
+    """
+
+    draft_step_s: float
+    decode_step_s: float  # the target's forward over 1 token (fitted, T = 1)
+    verify_per_token_s: float  # each extra token of a verification
+
+    @classmethod
+    def fit(cls, draft_step_s: float, verify_times: dict[int, float]) -> SpecCostModel:
+        """verify_times: {T: seconds of one target forward over T new tokens} (T = 1 included)."""
+        import numpy as np
+
+        num_tokens = sorted(verify_times)
+        slope, intercept = np.polyfit(num_tokens, [verify_times[t] for t in num_tokens], 1)
+        slope = max(float(slope), 0.0)  # noise must not make extra tokens free-er than free
+        return cls(draft_step_s, float(intercept) + slope, slope)
+
+    def round_s(self, num_speculative_tokens: int) -> float:
+        k = num_speculative_tokens
+        return k * self.draft_step_s + self.decode_step_s + k * self.verify_per_token_s
+
+    def speedup(self, alpha: float, num_speculative_tokens: int) -> float:
+        k = num_speculative_tokens
+        return self.decode_step_s * expected_tokens_per_round(alpha, k) / self.round_s(k)
+
+    def best_k(self, alpha: float, max_k: int = 10) -> int:
+        return max(range(1, max_k + 1), key=lambda k: self.speedup(alpha, k))
