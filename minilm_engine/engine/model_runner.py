@@ -51,10 +51,10 @@ class ModelRunner:
         """Build (input_ids (N,), positions (N,), metadata) for the flattened step."""
         chunks = []
         for s in scheduled:
-            r = s.request
-            start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
-            # A speculating decode computes its last token and then its drafts.
-            chunks.append((r.request_id, r.all_token_ids[start : end - len(s.spec_token_ids)] + s.spec_token_ids, start))
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+            # A speculating decode computes its last token, then its drafts after it.
+            token_ids = s.request.all_token_ids[start : end - len(s.spec_token_ids)] + s.spec_token_ids
+            chunks.append((s.request.request_id, token_ids, start))
         return flatten_chunks(chunks, self.block_manager, self.model.device)
 
     @torch.inference_mode()
