@@ -30,6 +30,7 @@ def test_gpu_check_dry_run_runs_the_tests_and_the_throughput_benchmark(tmp_path)
     done = run(["bash", "scripts/gpu_check.sh", "--dry-run"], ROOT, {"PYTHON": sys.executable, "OUT": str(tmp_path)})
     summary = (tmp_path / "summary.txt").read_text()
     assert "no GPU (dry run on the CPU)" in summary and "(exit 0)" in summary, done.stdout[-3000:]
+    assert "speculative decoding, batch 1" in summary and "(same tokens: True)" in summary
     data = json.loads((tmp_path / "throughput.json").read_text())
     assert data["errors"] == {}
     runs = {(r["system"], r["workload"].split()[0]): r for r in data["results"]}
