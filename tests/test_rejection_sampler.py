@@ -38,12 +38,12 @@ DRAFT_LOGITS = torch.tensor(
 NUM_ROUNDS = 6000
 
 
-def run_rounds(params: SamplingParams, seed: int = 0) -> list[list[int]]:
-    """Tokens emitted at each position 0..K over NUM_ROUNDS seeded rounds."""
+def run_rounds(params: SamplingParams, seed: int = 0, num_rounds: int = NUM_ROUNDS) -> list[list[int]]:
+    """Tokens emitted at each position 0..K over `num_rounds` seeded rounds."""
     generator = torch.Generator().manual_seed(seed)
     draft_probs = torch.stack([sampling_probs(row, params) for row in DRAFT_LOGITS])  # (K, V)
     emitted: list[list[int]] = [[] for _ in range(K + 1)]
-    for _ in range(NUM_ROUNDS):
+    for _ in range(num_rounds):
         drafts = torch.multinomial(draft_probs, 1, generator=generator)[:, 0].tolist()
         tokens = rejection_sample(DraftTokens(drafts, draft_probs), TARGET_LOGITS, params, generator)
         assert 1 <= len(tokens) <= K + 1
@@ -112,7 +112,8 @@ def test_greedy_takes_the_target_argmax_and_stops_at_the_first_difference():
 
 def test_seeded_rounds_repeat_exactly():
     params = PARAMS[1]
-    assert run_rounds(params, seed=5)[0][:300] == run_rounds(params, seed=5)[0][:300]
+    assert run_rounds(params, seed=5, num_rounds=300) == run_rounds(params, seed=5, num_rounds=300)
+    assert run_rounds(params, seed=5, num_rounds=300) != run_rounds(params, seed=6, num_rounds=300)
 
 
 def test_identical_distributions_accept_everything():
