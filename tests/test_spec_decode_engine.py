@@ -122,8 +122,13 @@ def test_stops_inside_a_round_end_the_request_where_the_target_alone_would(check
     name = "llama"
     prompt = {"prompt_token_ids": [5, 6, 7, 8, 9]}
     free_run = alone(name, prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
-    stop_token = free_run[12]
-    stop_text = checkpoints[name].tokenizer.decode(free_run[8:10])
+    tokenizer = checkpoints[name].tokenizer
+    # A token first produced well into the run (so several rounds pass before it), whose text
+    # does not occur before it either.
+    stop_at = next(i for i in range(8, len(free_run)) if free_run[i] not in free_run[:i]
+                   and tokenizer.decode(free_run[i : i + 1]).strip()
+                   and tokenizer.decode(free_run[i : i + 1]) not in tokenizer.decode(free_run[:i]))
+    stop_token, stop_text = free_run[stop_at], tokenizer.decode(free_run[stop_at : stop_at + 1])
     for params in [
         SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop_token_ids=[stop_token]),
         SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop_text]),
@@ -133,7 +138,11 @@ def test_stops_inside_a_round_end_the_request_where_the_target_alone_would(check
         (expected,) = LLM(checkpoints[name].path, max_model_len=MAX_MODEL_LEN).generate([prompt], params, use_tqdm=False)
         assert out.outputs[0].token_ids == expected.outputs[0].token_ids
         assert out.outputs[0].text == expected.outputs[0].text and out.outputs[0].finish_reason == "stop"
+        assert len(out.outputs[0].token_ids) == stop_at + 1  # it ran until the stop, not before
         assert llm.engine.proposer.block_pool.num_used_blocks == 0
+        # Near the stop the draft proposes fewer than K: it stops drafting where the request ends.
+        last_round = [c for rec in llm.engine.trace.records for c in rec.chunks if c.num_draft_tokens][-1]
+        assert last_round.num_draft_tokens < 6
 
 
 # ---------------------------------------------------------------------- sampling exactness

@@ -92,7 +92,7 @@ class LLMEngine:
         if draft is not None:
             self.proposer = DraftModelProposer(
                 draft, num_blocks, self.config.block_size, self.config.enable_prefix_caching,
-                self.attention_backend,
+                self.attention_backend, tokenizer,
             )
             self.spec_decoding_stats = SpecDecodingStats(spec.num_speculative_tokens)
         self.requests: dict[str, Request] = {}

@@ -66,6 +66,26 @@ def num_drafts_wanted(request: Request, num_speculative_tokens: int) -> int:
     return max(0, min(num_speculative_tokens, num_left - 1))
 
 
+STOP_WINDOW = 8  # output tokens decoded before the drafts when looking for a stop string
+
+
+def ends_request(request: Request, drafted: list[int], tokenizer=None) -> bool:
+    """Whether the request would end at its last drafted token: a stop token (EOS unless
+    ignored, `stop_token_ids`) or, given a tokenizer, a stop string the drafts complete.
+
+    Only a shortcut (drafting past the end is wasted work): the engine ends the request exactly
+    where it should when it appends the verified tokens.  The text checked is the last few
+    output tokens and the drafts; no stop string is in the output so far (it would have ended).
+    """
+    if request.is_stop_token(drafted[-1]):
+        return True
+    stops = request.sampling_params.stop_strings
+    if not stops or tokenizer is None:
+        return False
+    text = tokenizer.decode(request.output_token_ids[-STOP_WINDOW:] + drafted)
+    return any(stop in text for stop in stops)
+
+
 class DraftModelProposer:
     """Invariant: `num_computed_tokens[rid]` tokens of request rid have keys/values in the
     draft's cache, and its block table holds exactly the blocks they need after each round."""
@@ -77,8 +97,10 @@ class DraftModelProposer:
         block_size: int,
         enable_prefix_caching: bool,
         attention_backend: AttentionBackend | None = None,
+        tokenizer=None,  # to stop drafting at a stop string (optional)
     ):
         self.model = model
+        self.tokenizer = tokenizer
         self.block_pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
         self.block_manager = BlockManager(self.block_pool, block_size, enable_prefix_caching)
         self.cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, model.device)
@@ -112,7 +134,7 @@ class DraftModelProposer:
             for i in active:
                 request, drafted = requests[i], proposals[i].token_ids
                 rid = request.request_id
-                if len(drafted) >= num_drafts[i] or request.is_stop_token(drafted[-1]):
+                if len(drafted) >= num_drafts[i] or ends_request(request, drafted, self.tokenizer):
                     continue  # enough, or the request would end at this token anyway
                 position = self.num_computed_tokens[rid]
                 if not self.block_manager.allocate_slots(rid, position, 1):
