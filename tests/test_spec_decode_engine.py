@@ -88,6 +88,20 @@ def test_greedy_with_preemption_and_prefix_caching_equals_running_alone(
     assert not engine.proposer.num_computed_tokens
 
 
+def test_greedy_without_chunked_prefill_or_prefix_caching(checkpoints, drafts, random_workload, alone):
+    """The other engine settings: whole prompts only, no prefix cache, a small pool."""
+    name = "mistral"
+    workload = random_workload(31, num_requests=10, max_tokens=20)
+    llm = spec_llm(checkpoints[name].path, drafts[name], 3, num_kv_blocks=13, max_num_seqs=6,
+                   max_num_batched_tokens=MAX_MODEL_LEN, enable_chunked_prefill=False,
+                   enable_prefix_caching=False)
+    requests = drive_checked(llm.engine, workload)
+    for a in workload:
+        assert requests[a.request_id].output_token_ids == alone(name, a.prompt, a.params), a.request_id
+    assert num_preempted(llm.engine) > 0 and num_cached_tokens(llm.engine) == 0
+    assert llm.engine.proposer.block_pool.num_used_blocks == 0
+
+
 @pytest.mark.parametrize("name", CHECKPOINT_NAMES)
 def test_greedy_equals_transformers_generate(checkpoints, drafts, prompts, name):
     ckpt = checkpoints[name]
