@@ -132,3 +132,20 @@ def test_bad_shapes_raise():
         rejection_sample(DraftTokens([0, 1], torch.ones(2, 5) / 5), TARGET_LOGITS, params, None)
     with pytest.raises(ValueError, match="need the draft's probabilities"):
         rejection_sample(DraftTokens([0, 1, 2]), TARGET_LOGITS, params, None)
+
+
+def test_a_certain_draft_keeps_the_distribution():
+    """n-gram drafting proposes tokens with certainty: q is one-hot.  Then a draft d is kept with
+    probability p(d), and a rejection resamples from p without d: still exactly p."""
+    params = SamplingParams(temperature=1.0)
+    p = sampling_probs(TARGET_LOGITS[0], params)
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.zeros(len(p))
+    for _ in range(4000):
+        draft = 2  # always the same guess (the copy found), whatever p thinks of it
+        q = torch.zeros(1, len(p))
+        q[0, draft] = 1.0
+        token = rejection_sample(DraftTokens([draft], q), TARGET_LOGITS[:2], params, generator)[0]
+        counts[token] += 1
+    expected = p.double() / p.double().sum() * counts.double().sum()
+    assert chisquare(counts.double().numpy(), expected.numpy()).pvalue > 1e-3

@@ -35,7 +35,10 @@ def test_parse_turns_speculation_off_for_none_or_zero():
         ({"model": "x", "num_speculative_tokens": 2.0}, TypeError, "must be an int, got 2.0"),
         ({"model": "x", "num_speculative_tokens": True}, TypeError, "must be an int, got True"),
         ({"num_speculative_tokens": 3}, ValueError, "needs a 'model'"),
-        ({"model": "x", "num_speculative_tokens": 3, "method": "ngram"}, TypeError, r"unknown speculative_config keys \['method'\]"),
+        ({"model": "x", "num_speculative_tokens": 3, "draft_tp": 1}, TypeError, r"unknown speculative_config keys \['draft_tp'\]"),
+        ({"method": "medusa", "num_speculative_tokens": 3}, ValueError, "method'\\] must be one of"),
+        ({"method": "ngram", "model": "x", "num_speculative_tokens": 3}, ValueError, "leave out 'model'"),
+        ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5}, ValueError, "prompt_lookup_min <= prompt_lookup_max"),
         ("noodle-apprentice", TypeError, "must be a dict like"),
         ({"model": "", "num_speculative_tokens": 3}, TypeError, "must be a folder, a hub id"),
     ],
@@ -138,3 +141,21 @@ def test_num_drafts_wanted_shrinks_near_the_end(target):
     assert num_drafts_wanted(request, 3) == 1  # 2 tokens left: 1 draft + the target's token
     request.append_output_token(9, "")
     assert num_drafts_wanted(request, 3) == 0
+
+
+# ---------------------------------------------------------------------- n-gram drafting
+def test_ngram_config_needs_no_model():
+    config = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+    assert (config.model, config.method, config.prompt_lookup_min, config.prompt_lookup_max) == (None, "ngram", 1, 3)
+
+
+def test_find_ngram_continuation_takes_the_latest_longest_match():
+    from minilm_engine.spec_decode.ngram_proposer import find_ngram_continuation
+
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    # Suffix [2, 3] occurs at 1 and 5; the latest (5) is followed by 7, 8, 5.
+    assert find_ngram_continuation(tokens, 3, 1, 4) == [7, 8, 5]
+    assert find_ngram_continuation(tokens, 10, 1, 4) == [7, 8, 5, 2, 3]  # runs to the end
+    assert find_ngram_continuation([1, 2, 3], 3, 1, 4) == []  # nothing earlier matches
+    assert find_ngram_continuation([4, 5, 6, 4, 5], 2, 3, 4) == []  # a 2-token match is too short
+    assert find_ngram_continuation([4, 5, 6, 4, 5], 2, 2, 4) == [6, 4]

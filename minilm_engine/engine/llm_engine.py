@@ -36,6 +36,7 @@ from ..outputs import RequestOutput
 from ..request import Request, RequestStatus
 from ..sampling_params import SamplingParams
 from ..spec_decode.metrics import SpecDecodingStats
+from ..spec_decode.ngram_proposer import NgramProposer
 from ..spec_decode.proposer import DraftModelProposer, load_draft_model, num_drafts_wanted
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphRunner
@@ -63,7 +64,9 @@ class LLMEngine:
             )
         # Speculative decoding: the draft model, loaded and checked against the target now.
         spec = self.config.speculative_config
-        draft = load_draft_model(spec, model, tokenizer, self.max_model_len) if spec else None
+        draft = None
+        if spec is not None and spec.method == "draft_model":
+            draft = load_draft_model(spec, model, tokenizer, self.max_model_len)
         num_blocks = decide_num_kv_blocks(
             self.config, model.config, model.dtype, model.device, self.max_model_len,
             draft_model_config=None if draft is None else draft.config,
@@ -87,13 +90,16 @@ class LLMEngine:
         self.runner = ModelRunner(
             model, self.cache, self.block_manager, self.attention_backend, self._capture_decode_graphs()
         )
-        self.proposer: DraftModelProposer | None = None
+        self.proposer: DraftModelProposer | NgramProposer | None = None
         self.spec_decoding_stats: SpecDecodingStats | None = None  # the engine's totals
         if draft is not None:
             self.proposer = DraftModelProposer(
                 draft, num_blocks, self.config.block_size, self.config.enable_prefix_caching,
                 self.attention_backend, tokenizer,
             )
+        elif spec is not None:  # method "ngram": drafts copied from the request's own tokens
+            self.proposer = NgramProposer(model.config.vocab_size, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        if spec is not None:
             self.spec_decoding_stats = SpecDecodingStats(spec.num_speculative_tokens)
         self.requests: dict[str, Request] = {}
         self.num_steps = 0

@@ -18,17 +18,29 @@ from typing import Any
 MAX_SPECULATIVE_TOKENS = 16  # beyond this the chance that all K are accepted is negligible
 
 
+METHODS = ("draft_model", "ngram")
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    model: str  # a folder, a hub id, or a shipped name ("noodle-apprentice")
-    num_speculative_tokens: int  # K: tokens the draft proposes per round, >= 1
+    # The draft model: a folder, a hub id, or a shipped name ("noodle-apprentice"); None with
+    # method="ngram", which drafts by prompt lookup (`ngram_proposer.py`) and needs no model.
+    model: str | None
+    num_speculative_tokens: int  # K: tokens proposed per round, >= 1
+    method: str = "draft_model"
+    prompt_lookup_min: int = 1  # ngram: shortest suffix to look up
+    prompt_lookup_max: int = 4  # ngram: longest suffix to look up
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, (str, Path)) or not str(self.model):
+        if self.method not in METHODS:
+            raise ValueError(f"speculative_config['method'] must be one of {METHODS}, got {self.method!r}")
+        if self.method == "draft_model" and (not isinstance(self.model, (str, Path)) or not str(self.model)):
             raise TypeError(
                 f"speculative_config['model'] must be a folder, a hub id or a shipped model name, "
                 f"got {self.model!r}"
             )
+        if self.method == "ngram" and self.model is not None:
+            raise ValueError("method 'ngram' drafts from the request's own tokens: leave out 'model'")
         k = self.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int):
             raise TypeError(f"num_speculative_tokens must be an int, got {k!r}")
@@ -37,6 +49,9 @@ class SpeculativeConfig:
                 f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}] "
                 f"(0 or None turns speculation off), got {k}"
             )
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (low, high)) or not 1 <= low <= high:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {low} and {high}")
 
     @classmethod
     def parse(cls, value: SpeculativeConfig | dict[str, Any] | None) -> SpeculativeConfig | None:
@@ -48,18 +63,24 @@ class SpeculativeConfig:
                 "speculative_config must be a dict like {'model': 'noodle-apprentice', "
                 f"'num_speculative_tokens': 3}}, got {value!r}"
             )
-        unknown = sorted(set(value) - {"model", "num_speculative_tokens"})
+        known = {"model", "num_speculative_tokens", "method", "prompt_lookup_min", "prompt_lookup_max"}
+        unknown = sorted(set(value) - known)
         if unknown:
-            raise TypeError(
-                f"unknown speculative_config keys {unknown}; the keys are 'model' and "
-                "'num_speculative_tokens'"
-            )
+            raise TypeError(f"unknown speculative_config keys {unknown}; the keys are {sorted(known)}")
         k = value.get("num_speculative_tokens")
         if k is None or k == 0 and not isinstance(k, bool):
             return None  # vLLM's convention: no speculative tokens, no speculation
-        if "model" not in value:
-            raise ValueError("speculative_config needs a 'model': the draft's folder, hub id or shipped name")
-        return cls(model=str(value["model"]), num_speculative_tokens=k)
+        method = value.get("method", "draft_model")
+        if method == "draft_model" and "model" not in value:
+            raise ValueError(
+                "speculative_config needs a 'model': the draft's folder, hub id or shipped name "
+                "(or 'method': 'ngram' to draft from the prompt, with no model)"
+            )
+        model = value.get("model")
+        return cls(
+            model=None if model is None else str(model), num_speculative_tokens=k, method=method,
+            prompt_lookup_min=value.get("prompt_lookup_min", 1), prompt_lookup_max=value.get("prompt_lookup_max", 4),
+        )
 
 
 def check_draft_fits_target(
