@@ -24,11 +24,12 @@ from minilm_engine.teaching.exercises_paging import (
     prefill_chunks_exercise,
     slot_mapping_exercise,
 )
+from minilm_engine.teaching.exercises_spec import tokens_per_round_exercise
 
 ALL = [
     COST_PER_MILLION, continuous_steps, static_padding, KV_BYTES_PER_TOKEN, MAX_CACHED_TOKENS,
     slot_mapping_exercise, cached_prefix_exercise, prefill_chunks_exercise,
-    decode_kv_bytes_exercise,
+    decode_kv_bytes_exercise, tokens_per_round_exercise,
 ]
 
 

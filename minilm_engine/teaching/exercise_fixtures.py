@@ -20,10 +20,11 @@ from typing import Any
 
 from ..experiments.kernel_stats import decode_kv_bytes
 from ..kv_cache.block_table import slot_mapping
+from ..spec_decode.metrics import expected_tokens_per_round
 from ..experiments.cost import cost_per_million_tokens
 from ..experiments.kv_growth import kv_bytes_per_token, max_cached_tokens
 from ..experiments.toy_simulator import continuous_num_steps, static_padding_waste
-from . import exercises_batching, exercises_cost_kv, exercises_kernels, exercises_paging
+from . import exercises_batching, exercises_cost_kv, exercises_kernels, exercises_paging, exercises_spec
 from .exercises import FIXTURES_DIR
 
 NUM_CASES = 50
@@ -78,6 +79,9 @@ SOURCES: dict[str, FixtureSource] = {
             exercises_kernels.decode_dtype,
             lambda num_heads, **rest: decode_kv_bytes(**rest),  # GQA: query heads read nothing
         ),
+    ),
+    "tokens_per_round": FixtureSource(
+        exercises_spec.make_tokens_per_round_case, lambda raw: expected_tokens_per_round(**raw)
     ),
 }
 

@@ -4,7 +4,8 @@
                                thousands of times on small random distributions and tests, with
                                a chi-square test, that what comes out is distributed as the
                                target's p (and that it accepts as often as it should)
-    tokens_per_round_exercise  predict the mean tokens per verification round from alpha and K
+    tokens_per_round_exercise  predict the mean tokens per verification round from alpha and K,
+                               checked on stored cases (teaching/fixtures/tokens_per_round.json)
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import random
 import torch
 
 from ..spec_decode import rejection_sampler
-from ..spec_decode.metrics import expected_tokens_per_round
 from .exercises import CheckResult, Exercise
 
 NUM_TRIALS = 4000
@@ -101,16 +101,18 @@ class AcceptanceRuleExercise:
 acceptance_rule_exercise = AcceptanceRuleExercise()
 
 
-def _tokens_per_round_case(rng: random.Random) -> dict:
+def make_tokens_per_round_case(rng: random.Random) -> dict:
+    """alpha from 0 to 1, both ends included (alpha = 1 is the edge the hint names)."""
     return {"alpha": round(rng.choice([0.0, 0.3, 0.5, 0.8, 0.95, 1.0, rng.random()]), 3),
             "num_speculative_tokens": rng.randint(1, 8)}
 
 
 tokens_per_round_exercise = Exercise(
     "tokens_per_round",
-    expected_tokens_per_round,
-    _tokens_per_round_case,
+    "tokens_per_round",  # cases answered by spec_decode.metrics.expected_tokens_per_round
     compare=lambda got, want: isinstance(got, (int, float)) and not isinstance(got, bool) and abs(got - want) < 1e-6,
     hint="A round always yields the target's own token, plus draft i when drafts 1..i were all "
          "accepted (probability alpha^i). Mind alpha = 1.",
+    shows=("minilm_engine.spec_decode.metrics:expected_tokens_per_round",),
+    solutions="05_speculative_decoding_solutions.ipynb",
 )
