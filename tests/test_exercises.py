@@ -244,3 +244,19 @@ def test_solutions_show_the_engine_code_and_link_the_worked_solution() -> None:
         assert exercise.solutions in html and (solutions / exercise.solutions).exists()
     assert "get_computed_blocks" in cached_prefix_exercise.solution().data
     assert "_num_tokens_to_compute" in prefill_chunks_exercise.solution().data
+
+
+def test_the_older_form_still_checks() -> None:
+    """`Exercise(name, reference, make_case)` (chapters written before the fixtures) keeps working."""
+    def double(x):
+        return 2 * x
+
+    older = Exercise("double", double, lambda rng: {"x": rng.randint(0, 9)}, compare=lambda g, w: g == w)
+    keyword = Exercise("double", reference=double, make_case=lambda rng: {"x": rng.randint(0, 9)})
+    for exercise in (older, keyword):
+        assert exercise.check(lambda x: x + x).passed and not exercise.check(lambda x: x * x).passed
+        assert exercise.check(lambda x: 2 * x, num_cases=80, seed=3).num_cases == 80
+    with pytest.raises(TypeError, match="make_case"):
+        Exercise("double", double)
+    with pytest.raises(TypeError, match="fixture name"):
+        Exercise("neither")
