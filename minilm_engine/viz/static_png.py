@@ -102,7 +102,9 @@ def _make_axes(canvas, spec, layout, width, height) -> dict[tuple[str, str], Any
     pairs = {(t.get("xaxis") or "x", t.get("yaxis") or "y") for t in spec.get("data", [])}
     pairs |= {("x", "y")} if not pairs else set()
     axes, shared_x = {}, {}
-    for xref, yref in sorted(pairs, key=lambda p: (p[1], p[0])):
+    # An axis that overlays another (a right-hand y axis) is a twin of the axes it overlays.
+    overlays = [p for p in pairs if (layout.get(_axis_name(p[1], "y")) or {}).get("overlaying")]
+    for xref, yref in sorted(set(pairs) - set(overlays), key=lambda p: (p[1], p[0])):
         xd = (layout.get(_axis_name(xref, "x")) or {}).get("domain") or [0, 1]
         yd = (layout.get(_axis_name(yref, "y")) or {}).get("domain") or [0, 1]
         rect = [left + xd[0] * (right - left), bottom + yd[0] * (top - bottom),
@@ -113,6 +115,12 @@ def _make_axes(canvas, spec, layout, width, height) -> dict[tuple[str, str], Any
         shared_x.setdefault(xref, ax)
         ax._plotly_refs = (xref, yref)  # noqa: SLF001 - read back in _finish_axes
         axes[(xref, yref)] = ax
+    for xref, yref in overlays:
+        under = (layout.get(_axis_name(yref, "y")) or {})["overlaying"]
+        host = axes.get((xref, under)) or next(iter(axes.values()))
+        twin = host.twinx()
+        twin._plotly_refs = (xref, yref)  # noqa: SLF001
+        axes[(xref, yref)] = twin
     return axes
 
 
@@ -153,8 +161,11 @@ def _finish_axes(axes, layout) -> None:
         ax.tick_params(labelsize=8)
         ax.grid(True, color="#E5E5E5", linewidth=0.6)
         ax.set_axisbelow(True)
-        for side in ("top", "right"):
+        twin = (layout.get(_axis_name(yref, "y")) or {}).get("overlaying")
+        for side in ("top", "left") if twin else ("top", "right"):
             ax.spines[side].set_visible(False)
+        if twin:
+            ax.grid(False)
     # Shared x axes (make_subplots(shared_xaxes=True)): labels on the bottom plot only.
     for (xref, _), ax in axes.items():
         axis = layout.get(_axis_name(xref, "x")) or {}
