@@ -19,6 +19,7 @@ import torch
 
 from ..attention.backends import AttentionBackend
 from ..kv_cache.block_manager import BlockManager
+from ..kv_cache.block_table import slot_mapping as slots_of
 from ..attention.paged import PagedAttentionMetadata
 from ..kv_cache.paged import PagedAttention, PagedKVCache
 from ..models import CausalLM
@@ -50,15 +51,18 @@ class ModelRunner:
         query_start_loc = [0]
         context_lens: list[int] = []
         block_tables: list[list[int]] = []
+        block_size = self.block_manager.block_size
         for s in scheduled:
             r = s.request
-            start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+            # The scheduler allocated slots for [start, end): the table covers them.
+            table = self.block_manager.get_block_table(r.request_id)
             input_ids += r.all_token_ids[start:end]
             positions += range(start, end)
-            slot_mapping += self.block_manager.slot_mapping(r.request_id, start, end)
+            slot_mapping += slots_of(table, block_size, start, end)
             query_start_loc.append(len(input_ids))
             context_lens.append(end)
-            block_tables.append(self.block_manager.get_block_table(r.request_id))
+            block_tables.append(table)
         width = max(len(t) for t in block_tables)
         device = self.model.device
 
