@@ -11,7 +11,8 @@ of weight it reads per token.
           wants its own tiled packing (from aten._convert_weight_to_int4pack_for_cpu, fed one
           int32 code per weight) and (G, N, 2) pairs meaning w = (q - 8) * scale + zero, so
           zero = offset + 8 * scale in our terms.  `prepare` converts once and drops the
-          canonical buffers, so the layer holds one copy of its weight.
+          canonical buffers, so the layer holds one copy of its weight.  The packing needs N
+          to be a multiple of 16: other layers get zero rows, cut from the output.
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ class CPUKernel:
     def prepare(self, layer) -> None:
         if layer.scheme == "int8":
             return  # the operator reads the canonical (N, K) int8 codes and (N,) scales
+        num_pad = -layer.out_features % 16
         codes = schemes.unpack_int4(layer.qweight).to(torch.int32)  # (N, K_padded)
+        codes = F.pad(codes, (0, 0, 0, num_pad))  # (N_padded, K_padded)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # inner k tiles: 1
         zeros = layer.offsets + 8 * layer.scales  # the operator centres codes on 8
-        scales_and_zeros = torch.stack([layer.scales.t(), zeros.t()], dim=-1).contiguous()  # (G, N, 2)
+        scales_and_zeros = torch.stack([layer.scales.t(), zeros.t()], dim=-1)  # (G, N, 2)
+        scales_and_zeros = F.pad(scales_and_zeros, (0, 0, 0, num_pad)).contiguous()  # (G, N_padded, 2)
         for name in ("qweight", "scales", "offsets"):
             delattr(layer, name)
         layer.register_buffer("cpu_qweight", packed, persistent=False)
@@ -60,7 +64,7 @@ class CPUKernel:
                 x2 = F.pad(x2, (0, K_padded - K))  # the pad columns multiply zeros
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2, layer.cpu_qweight, layer.group_size, layer.cpu_scales_and_zeros
-            )
+            )[:, : layer.out_features]
         if layer.bias is not None:
             y = y + layer.bias
         return y.view(*lead, layer.out_features)
