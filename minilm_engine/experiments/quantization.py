@@ -1,0 +1,218 @@
+"""Chapter 06's measurements: what quantization does to quality (perplexity, receipts that add
+up), and what quantization-aware training wins back.
+
+Contract: every function takes a model name (shipped name or folder) and sizes, builds real
+`LLM`s with the quantization under test, and returns plain rows (dicts) a notebook prints or
+plots.  Nothing here changes the package's behaviour.
+
+    perplexity      exp(mean cross-entropy of the next token) on held-out noodle-shop text
+                    (documents drawn with seed 1, as the training script held them out)
+    receipt score   share of greedy receipts (prompt: "Receipt #1234\n") whose every line
+                    q x unit = amount, whose "Items:" counts the dishes and whose "Total:" is
+                    the sum: a task the model does right or wrong, unlike an average loss
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..data.noodle_corpus import generate_documents, make_receipt
+from ..kv_cache.contiguous import NoKVCache
+from ..llm import LLM
+from ..quantization import QuantizationConfig, quantize_model
+from ..quantization.qat import fake_quantized
+from ..sampling_params import SamplingParams
+
+HELDOUT_SEED = 1  # the training script's held-out documents
+TRAIN_SEED = 0
+RECEIPT_SEED = 6
+EVAL_WINDOW = 256
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the comparison: a label and the LLM arguments that produce it."""
+
+    label: str
+    quantization: str | None = None
+    options: dict = field(default_factory=dict)
+
+
+def default_settings(group_sizes=(32, 64, 128)) -> list[Setting]:
+    rows = [Setting("fp32"), Setting("int8 rtn", "int8"), Setting("int8 awq", "int8", {"method": "awq"})]
+    for g in group_sizes:
+        for method in ("rtn", "awq"):
+            rows.append(Setting(f"int4 g{g} {method}", "int4", {"group_size": g, "method": method}))
+    return rows
+
+
+def token_stream(tokenizer, documents: list[str]) -> torch.Tensor:
+    """Documents as one id stream, each preceded by eos (as the models were trained): (T,)."""
+    ids: list[int] = []
+    for doc in documents:
+        ids += [tokenizer.eos_token_id] + tokenizer.encode(doc, add_special_tokens=False)
+    return torch.tensor(ids + [tokenizer.eos_token_id])
+
+
+def windows_of(stream: torch.Tensor, length: int = EVAL_WINDOW) -> torch.Tensor:
+    """Non-overlapping windows of length + 1 tokens sharing one token at the seams: (W, L + 1)."""
+    num = (len(stream) - 1) // length
+    starts = torch.arange(num) * length
+    return stream[starts[:, None] + torch.arange(length + 1)]
+
+
+def heldout_windows(tokenizer, num_documents: int) -> torch.Tensor:
+    return windows_of(token_stream(tokenizer, generate_documents(num_documents, seed=HELDOUT_SEED)))
+
+
+def next_token_loss(model, batch: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting batch[:, 1:] from batch[:, :-1]; batch: (b, L + 1)."""
+    batch = batch.to(model.device)
+    inputs = batch[:, :-1]
+    positions = torch.arange(inputs.shape[1], device=model.device).expand_as(inputs)
+    hidden = model(inputs, positions, NoKVCache(torch.ones_like(inputs, dtype=torch.bool)))
+    logits = model.compute_logits(hidden)  # (b, L, V)
+    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+
+def mean_loss(model, windows: torch.Tensor, batch_size: int = 8) -> float:
+    """Mean next-token cross-entropy of `model` (a CausalLM) over windows (W, L + 1)."""
+    total = 0.0
+    for i in range(0, len(windows), batch_size):
+        batch = windows[i : i + batch_size]
+        total += next_token_loss(model, batch).item() * batch[:, 1:].numel()
+    return total / windows[:, 1:].numel()
+
+
+@torch.no_grad()
+def perplexity(model, windows: torch.Tensor) -> float:
+    return math.exp(mean_loss(model, windows))
+
+
+# -- receipts --------------------------------------------------------------------------------
+
+_MONEY = r"\$(\d+)\.(\d\d)"
+_LINE = re.compile(rf"^\s*(\+ )?(\d+) x (.+?) @ {_MONEY} = {_MONEY}$")
+
+
+def _cents(dollars: str, cents: str) -> int:
+    return int(dollars) * 100 + int(cents)
+
+
+def receipt_adds_up(text: str) -> bool:
+    """Whether a generated receipt's lines, item count and total are all consistent."""
+    num_items, total, num_lines = 0, 0, 0
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m:
+            topping, quantity = m.group(1), int(m.group(2))
+            unit, amount = _cents(m.group(4), m.group(5)), _cents(m.group(6), m.group(7))
+            if quantity * unit != amount:
+                return False
+            num_items += 0 if topping else quantity
+            total += amount
+            num_lines += 1
+        elif line.startswith("Items:"):
+            if line != f"Items: {num_items}":
+                return False
+        elif line.startswith("Total:"):
+            m = re.fullmatch(rf"Total: {_MONEY}", line)
+            return num_lines > 0 and m is not None and _cents(*m.groups()) == total
+    return False  # no total line
+
+
+def receipt_prompts(num_prompts: int, seed: int = RECEIPT_SEED) -> list[str]:
+    """Openings of real receipts ("Receipt #4898\\n")."""
+    rng = random.Random(seed)
+    return [make_receipt(rng).split("\n", 1)[0] + "\n" for _ in range(num_prompts)]
+
+
+def receipt_score(llm: LLM, prompts: list[str], max_tokens: int = 220) -> float:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, stop=["Paid by"])
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return sum(receipt_adds_up(o.outputs[0].text) for o in outputs) / len(prompts)
+
+
+# -- the comparison --------------------------------------------------------------------------
+
+def quality_table(
+    model: str = "noodle-chef",
+    settings: list[Setting] | None = None,
+    num_heldout_documents: int = 200,
+    num_receipts: int = 32,
+) -> list[dict]:
+    """One row per setting: perplexity, its change vs the first row, receipt score, bytes."""
+    settings = settings or default_settings()
+    rows = []
+    for setting in settings:
+        start = time.perf_counter()
+        llm = LLM(model, quantization=setting.quantization, quantization_config=setting.options or None,
+                  record_trace=False)
+        seconds = time.perf_counter() - start
+        windows = heldout_windows(llm.tokenizer, num_heldout_documents)
+        row = {
+            "setting": setting.label,
+            "perplexity": perplexity(llm.model, windows),
+            "receipts_add_up": receipt_score(llm, receipt_prompts(num_receipts)),
+            "weight_bytes": llm.weight_bytes,
+            "quantize_seconds": seconds,
+            "num_heldout_tokens": windows[:, 1:].numel(),
+        }
+        row["perplexity_change"] = row["perplexity"] / (rows[0]["perplexity"] if rows else row["perplexity"]) - 1
+        rows.append(row)
+    return rows
+
+
+def qat_vs_ptq(
+    model: str = "noodle-apprentice",
+    config: QuantizationConfig | None = None,
+    num_steps: int = 150,
+    batch_size: int = 8,
+    seq_len: int = 128,
+    learning_rate: float = 3e-4,
+    num_heldout_documents: int = 150,
+    seed: int = 0,
+) -> dict:
+    """Perplexity of the float model, of PTQ (round its weights) and of QAT (fine-tune with
+    the rounding in the loop for `num_steps`, then round).  Trains on the CPU in fp32."""
+    config = config or QuantizationConfig("int4", group_size=128)
+    llm = LLM(model, device="cpu", record_trace=False)
+    windows = heldout_windows(llm.tokenizer, num_heldout_documents)
+    float_model = llm.model
+    result = {"config": config.describe(), "float": perplexity(float_model, windows)}
+
+    ptq = LLM(model, device="cpu", record_trace=False).model
+    quantize_model(ptq, config)
+    result["ptq"] = perplexity(ptq, windows)
+
+    # QAT: train a copy of the float model with fake-quantized projections.
+    student = LLM(model, device="cpu", record_trace=False).model
+    train = token_stream(llm.tokenizer, generate_documents(400, seed=TRAIN_SEED))
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=learning_rate, weight_decay=0.0)
+    losses = []
+    start = time.perf_counter()
+    with torch.enable_grad(), fake_quantized(student, config):
+        student.train()
+        for _ in range(num_steps):
+            starts = torch.randint(0, len(train) - seq_len - 1, (batch_size,), generator=generator)
+            batch = train[starts[:, None] + torch.arange(seq_len + 1)]
+            loss = next_token_loss(student, batch)
+            losses.append(loss.item())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        student.eval()
+    result["train_seconds"] = time.perf_counter() - start
+    quantize_model(student, config)
+    result["qat"] = perplexity(student, windows)
+    result["losses"] = losses
+    result["num_steps"] = num_steps
+    return result
