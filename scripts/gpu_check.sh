@@ -113,6 +113,13 @@ json.dump({"copy_GBps": copy / 1e9, "points": rows}, open(sys.argv[1], "w"), ind
 KERNEL
 fi
 
+# -- 3a'. weight-only quantization: int8 / int4 vs bf16 decode at batch 1 and 16, GPU only -------
+if [[ $HAS_CUDA == 1 ]]; then
+    echo "== benchmarks/quantization.py --skip-cpu-speed (limit 150s)"
+    timeout -k 10 150 "$PYTHON" benchmarks/quantization.py --skip-cpu-speed --threads 8 \
+        --json "$OUT_DIR/quantization.json" 2>&1 | grep -v -e "Writing model shards" | tee "$OUT_DIR/quantization.log"
+fi
+
 # -- 3b. the throughput benchmark, in what is left of the budget ---------------------------------
 LEFT=$((BUDGET_S - SECONDS - 15))
 (( LEFT < 60 )) && LEFT=60
@@ -127,7 +134,7 @@ BENCH_RC=${PIPESTATUS[0]}
 [[ $BENCH_RC == 124 || $BENCH_RC == 137 ]] && echo "(benchmark stopped at the ${LEFT}s limit; the table shows what it finished)"
 
 # -- 4. the summary ------------------------------------------------------------------------------
-TESTS_SUMMARY="$TESTS_SUMMARY" BENCH_RC="$BENCH_RC" ELAPSED="$SECONDS" "$PYTHON" - "$OUT_DIR/throughput.json" "$OUT_DIR/kernel_bandwidth.json" \
+TESTS_SUMMARY="$TESTS_SUMMARY" BENCH_RC="$BENCH_RC" ELAPSED="$SECONDS" "$PYTHON" - "$OUT_DIR/throughput.json" "$OUT_DIR/kernel_bandwidth.json" "$OUT_DIR/quantization.json" \
     <<'EOF' | tee "$OUT_DIR/summary.txt"
 import json, os, sys
 from pathlib import Path
@@ -172,6 +179,13 @@ if kernel.is_file():
     for p in k["points"]:
         rows.append((f"decode kernel, {p['num_seqs']} seqs x {p['context_len']} tokens",
                      f"{p['GBps']:,.0f} GB/s = {p['of_copy']:.0%} of copy ({k['copy_GBps']:,.0f} GB/s)"))
+quant = Path(sys.argv[3])
+if quant.is_file():
+    q = json.loads(quant.read_text())
+    for label, by_batch in q.get("gpu_tokens_per_s", {}).items():
+        base = q["gpu_tokens_per_s"]["bf16"]
+        rows.append((f"quantization, {label}", "  ".join(
+            f"batch {b}: {v:,.0f} tok/s ({v / base[b]:.2f}x bf16)" for b, v in by_batch.items())))
 for label, error in data.get("errors", {}).items():
     rows.append((f"FAILED: {label}", error[:200]))
 if not data:

@@ -52,3 +52,11 @@ def test_kv_cache_benchmark_runs():
     out = run([sys.executable, "kv_cache.py", "--lengths", "8", "16", "--repeats", "1"], ROOT / "benchmarks").stdout
     rows = [line.split() for line in out.splitlines() if line.strip().split(" ")[0] in ("8", "16")]
     assert [row[0] for row in rows] == ["8", "16"] and all(row[3].endswith("x") for row in rows), out
+
+
+def test_quantization_benchmark_prints_bytes_and_speed_ratios():
+    out = run([sys.executable, "quantization.py", "--quick", "--tokens", "4"], ROOT / "benchmarks").stdout
+    assert "1. bytes" in out and "2. batch-1 decode on the CPU" in out, out
+    for label in ("int8", "int4 g128"):
+        assert sum(line.strip().startswith(label) for line in out.splitlines()) == 2, out
+    assert "int8 (cpu kernel)" in out and out.count("x ") >= 6, out

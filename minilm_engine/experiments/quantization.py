@@ -34,6 +34,7 @@ HELDOUT_SEED = 1  # the training script's held-out documents
 TRAIN_SEED = 0
 RECEIPT_SEED = 6
 EVAL_WINDOW = 256
+KV_CACHE_MEMORY = 32 << 20  # plenty for a few dozen receipts of a small model
 
 
 @dataclass(frozen=True)
@@ -147,14 +148,16 @@ def quality_table(
     settings: list[Setting] | None = None,
     num_heldout_documents: int = 200,
     num_receipts: int = 32,
+    progress=None,
 ) -> list[dict]:
-    """One row per setting: perplexity, its change vs the first row, receipt score, bytes."""
+    """One row per setting: perplexity, its change vs the first row, receipt score, bytes.
+    `progress(row)` is called after each row (to print as they come)."""
     settings = settings or default_settings()
     rows = []
     for setting in settings:
         start = time.perf_counter()
         llm = LLM(model, quantization=setting.quantization, quantization_config=setting.options or None,
-                  record_trace=False)
+                  record_trace=False, kv_cache_memory=KV_CACHE_MEMORY)
         seconds = time.perf_counter() - start
         windows = heldout_windows(llm.tokenizer, num_heldout_documents)
         row = {
@@ -167,6 +170,8 @@ def quality_table(
         }
         row["perplexity_change"] = row["perplexity"] / (rows[0]["perplexity"] if rows else row["perplexity"]) - 1
         rows.append(row)
+        if progress is not None:
+            progress(row)
     return rows
 
 
@@ -183,17 +188,17 @@ def qat_vs_ptq(
     """Perplexity of the float model, of PTQ (round its weights) and of QAT (fine-tune with
     the rounding in the loop for `num_steps`, then round).  Trains on the CPU in fp32."""
     config = config or QuantizationConfig("int4", group_size=128)
-    llm = LLM(model, device="cpu", record_trace=False)
+    llm = LLM(model, device="cpu", record_trace=False, kv_cache_memory=KV_CACHE_MEMORY)
     windows = heldout_windows(llm.tokenizer, num_heldout_documents)
     float_model = llm.model
     result = {"config": config.describe(), "float": perplexity(float_model, windows)}
 
-    ptq = LLM(model, device="cpu", record_trace=False).model
+    ptq = LLM(model, device="cpu", record_trace=False, kv_cache_memory=KV_CACHE_MEMORY).model
     quantize_model(ptq, config)
     result["ptq"] = perplexity(ptq, windows)
 
     # QAT: train a copy of the float model with fake-quantized projections.
-    student = LLM(model, device="cpu", record_trace=False).model
+    student = LLM(model, device="cpu", record_trace=False, kv_cache_memory=KV_CACHE_MEMORY).model
     train = token_stream(llm.tokenizer, generate_documents(400, seed=TRAIN_SEED))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(student.parameters(), lr=learning_rate, weight_decay=0.0)
