@@ -68,3 +68,37 @@ def test_qat_vs_ptq_smallest():
                         batch_size=2, seq_len=32, num_heldout_documents=4)
     assert result["float"] < result["ptq"] and math.isfinite(result["qat"])
     assert len(result["losses"]) == 3
+
+
+def test_int4_exercise_checker_passes_the_package_and_explains_wrong_answers():
+    from minilm_engine.teaching.exercises_quantization import int4_exercise, reference_int4
+
+    assert int4_exercise.check(reference_int4).passed
+
+    def not_yet(w, group_size):
+        raise NotImplementedError
+
+    def wrong_type(w, group_size):
+        return w.tolist()
+
+    def per_row(w, group_size):  # one group per row: coarser steps
+        return reference_int4(w, w.shape[1]) if w.shape[1] > group_size else reference_int4(w, group_size)
+
+    def no_rounding(w, group_size):
+        return w + 0.0
+
+    def symmetric(w, group_size):
+        g = w.view(w.shape[0], -1, group_size)
+        scale = g.abs().amax(-1, keepdim=True) / 7
+        return (torch.round(g / scale).clamp(-8, 7) * scale).view_as(w)
+
+    def wrong_shape(w, group_size):
+        return w[:, :1]
+
+    assert "not implemented" in int4_exercise.check(not_yet).message
+    assert "returned a list" in int4_exercise.check(wrong_type).message
+    assert "returned shape" in int4_exercise.check(wrong_shape).message
+    assert "half a step" in int4_exercise.check(per_row).message
+    assert "not the scheme's rounding" in int4_exercise.check(no_rounding).message
+    assert not int4_exercise.check(symmetric).passed
+    assert not int4_exercise.check(lambda w: w).passed  # wrong signature: reported, not raised
