@@ -36,9 +36,8 @@ import torch
 from common import add_threads_option, apply_threads_option, sync
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.experiments.launches import decode_tokens_per_s
+from minilm_engine.experiments.quantization import Setting, decode_speed_table, write_random_qwen3
 from minilm_engine.models.known_configs import KNOWN_CONFIGS
-from minilm_engine.models.loader import resolve_model_path
 from minilm_engine.quantization.checkpoint import quantize_checkpoint
 
 MODEL_ID = "Qwen/Qwen3-0.6B"
@@ -61,18 +60,12 @@ def parse_args(argv=None):
 
 
 def write_random_checkpoint(folder: Path, quick: bool, num_layers: int | None) -> None:
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
-
     fields = {k: v for k, v in KNOWN_CONFIGS[MODEL_ID].items() if k not in ("architectures", "torch_dtype")}
     if quick:
         fields.update(QUICK_OVERRIDES)
     if num_layers:
         fields["num_hidden_layers"] = num_layers
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(**fields)).to(torch.bfloat16)
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(resolve_model_path("noodle-chef")).save_pretrained(folder)
-    del model
+    write_random_qwen3(folder, **fields)
     gc.collect()
 
 
@@ -142,19 +135,16 @@ def main(argv=None) -> int:
         # 2. CPU decode at batch 1
         if not args.skip_cpu_speed:
             print(f"\n2. batch-1 decode on the CPU ({results['cpu']}), {num_tokens} tokens, fp32 activations")
-            speeds = {}
-            for label in ("bf16", *SCHEMES):
-                llm = LLM(folders[label], device="cpu", max_num_seqs=1, record_trace=False,
-                          kv_cache_memory=64 << 20)
-                name = "fp32" if label == "bf16" else f"{label} ({llm.model.model.layers[0].mlp.up_proj.kernel.name} kernel)"
-                decode_tokens_per_s(llm, "Order for table 7:", 2)  # warm-up
-                speeds[label] = decode_tokens_per_s(llm, "Order for table 7:", num_tokens)
-                ratio = speeds[label] / speeds["bf16"]
-                print(f"   {name:28} {speeds[label]:8.2f} tok/s  {ratio:.2f}x   weights {llm.weight_bytes / 1e6:,.0f} MB",
-                      flush=True)
-                del llm
-                gc.collect()
-            results["cpu_batch1_tokens_per_s"] = speeds
+            settings = [Setting("fp32")] + [Setting(label, scheme, options) for label, (scheme, options) in SCHEMES.items()]
+
+            def show(row):
+                name = row["setting"] + ("" if row["kernel"] == "-" else f" ({row['kernel']} kernel)")
+                print(f"   {name:28} {row['tokens_per_s']:8.2f} tok/s  {row['speedup']:.2f}x   "
+                      f"weights {row['weight_bytes'] / 1e6:,.0f} MB", flush=True)
+
+            # quantized on load (round to nearest: the same codes as the checkpoints above)
+            rows = decode_speed_table(folders["bf16"], settings, num_tokens, progress=show)
+            results["cpu_batch1_tokens_per_s"] = {r["setting"]: r["tokens_per_s"] for r in rows}
 
         # 3. GPU decode at batch 1 and 16
         if torch.cuda.is_available():

@@ -221,3 +221,42 @@ def qat_vs_ptq(
     result["losses"] = losses
     result["num_steps"] = num_steps
     return result
+
+
+# -- speed -----------------------------------------------------------------------------------
+
+def write_random_qwen3(folder, **fields) -> None:
+    """A random-weight Qwen3 checkpoint (bf16, written by transformers) with the given config
+    fields, plus the shipped tokenizer: a model of any shape without downloading one."""
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    from ..models.loader import resolve_model_path
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(**fields)).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(resolve_model_path("noodle-chef")).save_pretrained(folder)
+
+
+def decode_speed_table(model, settings: list[Setting], num_tokens: int = 16, progress=None) -> list[dict]:
+    """Batch-1 decode tokens/s and weight bytes of each setting, one engine at a time; the
+    `speedup` column is relative to the first row."""
+    import gc
+
+    from .launches import decode_tokens_per_s
+
+    rows = []
+    for setting in settings:
+        llm = LLM(model, quantization=setting.quantization, quantization_config=setting.options or None,
+                  max_num_seqs=1, record_trace=False, kv_cache_memory=KV_CACHE_MEMORY)
+        layer = next((m for m in llm.model.modules() if hasattr(m, "kernel")), None)
+        decode_tokens_per_s(llm, "Order for table 7:", 2)  # warm-up
+        speed = decode_tokens_per_s(llm, "Order for table 7:", num_tokens)
+        rows.append({"setting": setting.label, "kernel": layer.kernel.name if layer else "-",
+                     "tokens_per_s": speed, "weight_bytes": llm.weight_bytes,
+                     "speedup": speed / rows[0]["tokens_per_s"] if rows else 1.0})
+        if progress is not None:
+            progress(rows[-1])
+        del llm
+        gc.collect()
+    return rows
