@@ -8,15 +8,15 @@ plots.  Nothing here changes the package's behaviour.
     perplexity      exp(mean cross-entropy of the next token) on held-out noodle-shop text
                     (documents drawn with seed 1, as the training script held them out)
     receipt score   share of greedy receipts (prompt: "Receipt #1234\n") whose every line
-                    q x unit = amount, whose "Items:" counts the dishes and whose "Total:" is
-                    the sum: a task the model does right or wrong, unlike an average loss
+                    has the menu's price and q x unit = amount, whose "Items:" counts the
+                    dishes and whose "Total:" is the sum (chapter 00's audit): a task the
+                    model does right or wrong, unlike an average loss
 """
 
 from __future__ import annotations
 
 import math
 import random
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.noodle_corpus import generate_documents, make_receipt
+from .cost import audit_receipt
 from ..kv_cache.contiguous import NoKVCache
 from ..llm import LLM
 from ..quantization import QuantizationConfig, quantize_model
@@ -99,34 +100,10 @@ def perplexity(model, windows: torch.Tensor) -> float:
 
 # -- receipts --------------------------------------------------------------------------------
 
-_MONEY = r"\$(\d+)\.(\d\d)"
-_LINE = re.compile(rf"^\s*(\+ )?(\d+) x (.+?) @ {_MONEY} = {_MONEY}$")
-
-
-def _cents(dollars: str, cents: str) -> int:
-    return int(dollars) * 100 + int(cents)
-
-
 def receipt_adds_up(text: str) -> bool:
-    """Whether a generated receipt's lines, item count and total are all consistent."""
-    num_items, total, num_lines = 0, 0, 0
-    for line in text.splitlines():
-        m = _LINE.match(line)
-        if m:
-            topping, quantity = m.group(1), int(m.group(2))
-            unit, amount = _cents(m.group(4), m.group(5)), _cents(m.group(6), m.group(7))
-            if quantity * unit != amount:
-                return False
-            num_items += 0 if topping else quantity
-            total += amount
-            num_lines += 1
-        elif line.startswith("Items:"):
-            if line != f"Items: {num_items}":
-                return False
-        elif line.startswith("Total:"):
-            m = re.fullmatch(rf"Total: {_MONEY}", line)
-            return num_lines > 0 and m is not None and _cents(*m.groups()) == total
-    return False  # no total line
+    """Whether a generated receipt's lines, menu prices, item count and total are consistent
+    (chapter 00's audit, `experiments.cost.audit_receipt`)."""
+    return audit_receipt(text).adds_up
 
 
 def receipt_prompts(num_prompts: int, seed: int = RECEIPT_SEED) -> list[str]:
