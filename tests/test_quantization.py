@@ -105,9 +105,10 @@ def test_cpu_kernel_equals_reference_layer(config, shape):
     kernel = make_kernel("cpu")
     kernel.prepare(fast)
     fast.kernel = kernel
+    for x in (torch.randn(1, K), torch.randn(2, 1, K), torch.randn(3, 7, K)):  # operator, then BLAS
+        torch.testing.assert_close(fast(x), reference(x), rtol=1e-5, atol=1e-5)
     x = torch.randn(3, 7, K)
     expected = reference(x)
-    torch.testing.assert_close(fast(x), expected, rtol=1e-5, atol=1e-5)
     # and the reference is what the dequantized weight gives
     manual = x @ reference.dequantized_weight().T + linear.bias
     torch.testing.assert_close(expected, manual.detach(), rtol=1e-5, atol=1e-5)
@@ -137,6 +138,16 @@ def test_awq_search_never_loses_to_round_to_nearest():
     assert alpha > 0 and awq < rtn
 
 
+def test_cpu_int4_layout_is_the_operators():
+    from minilm_engine.quantization.kernels.cpu import from_cpu_int4_layout, to_cpu_int4_layout
+
+    for N, K in [(32, 64), (96, 320), (64, 256)]:
+        codes = torch.randint(0, 16, (N, K), dtype=torch.int32)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        assert torch.equal(packed, to_cpu_int4_layout(codes))
+        assert torch.equal(from_cpu_int4_layout(packed).int(), codes)
+
+
 def test_kernel_selection():
     assert select_kernel("auto", torch.device("cpu"), torch.float32).name == "cpu"
     assert select_kernel("reference", torch.device("cpu"), torch.float32).name == "reference"
@@ -145,8 +156,9 @@ def test_kernel_selection():
 # ----------------------------------------------------------- whole models: every architecture
 @pytest.mark.parametrize("scheme,options", [("int8", {}), ("int4", {"group_size": 32})])
 def test_every_architecture_generates_quantized_fast_equals_reference(checkpoint, prompts, scheme, options):
+    # kv_cache: one request at a time, so decode steps have one row and take the operators
     reference = LLM(checkpoint.path, quantization=scheme, quantization_config={**options, "kernel": "reference"})
-    fast = LLM(checkpoint.path, quantization=scheme, quantization_config=options)
+    fast = LLM(checkpoint.path, quantization=scheme, quantization_config=options, strategy="kv_cache")
     layers = [m for m in fast.model.modules() if isinstance(m, QuantizedLinear)]
     assert len(layers) == 7 * fast.config.num_hidden_layers
     assert {m.kernel.name for m in layers} == {"cpu"}
