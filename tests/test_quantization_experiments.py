@@ -43,7 +43,7 @@ def test_real_receipts_add_up_and_broken_ones_do_not():
 
 def test_receipt_prompts_are_receipt_openings():
     prompts = receipt_prompts(3)
-    assert prompts == receipt_prompts(3) and all(p.startswith("Receipt #") and p.endswith("\n") for p in prompts)
+    assert prompts == receipt_prompts(3) and all(p.startswith("Receipt #") and p.endswith("\n") and " x " in p for p in prompts)
 
 
 def test_windows_share_one_token_at_the_seams():

@@ -7,7 +7,7 @@ plots.  Nothing here changes the package's behaviour.
 
     perplexity      exp(mean cross-entropy of the next token) on held-out noodle-shop text
                     (documents drawn with seed 1, as the training script held them out)
-    receipt score   share of greedy receipts (prompt: "Receipt #1234\n") whose every line
+    receipt score   share of greedy receipts (prompt: a receipt's header and first item) whose every line
                     has the menu's price and q x unit = amount, whose "Items:" counts the
                     dishes and whose "Total:" is the sum (chapter 00's audit): a task the
                     model does right or wrong, unlike an average loss
@@ -107,15 +107,22 @@ def receipt_adds_up(text: str) -> bool:
 
 
 def receipt_prompts(num_prompts: int, seed: int = RECEIPT_SEED) -> list[str]:
-    """Openings of real receipts ("Receipt #4898\\n")."""
+    """Openings of real receipts: the header and the first line item, e.g.
+    "Receipt #4898\n...\nServed by Ben\n2 x Curry Laksa @ $12.50 = $25.00\n".  With only the
+    first line the greedy model would write the same order every time; the first item makes
+    each receipt a different sum."""
     rng = random.Random(seed)
-    return [make_receipt(rng).split("\n", 1)[0] + "\n" for _ in range(num_prompts)]
+    prompts = []
+    for _ in range(num_prompts):
+        lines = make_receipt(rng).split("\n")
+        prompts.append("\n".join(lines[:5]) + "\n")  # 4 header lines + the first item
+    return prompts
 
 
 def receipt_score(llm: LLM, prompts: list[str], max_tokens: int = 220) -> float:
     params = SamplingParams(temperature=0, max_tokens=max_tokens, stop=["Paid by"])
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    return sum(receipt_adds_up(o.outputs[0].text) for o in outputs) / len(prompts)
+    return sum(receipt_adds_up(p + o.outputs[0].text) for p, o in zip(prompts, outputs)) / len(prompts)
 
 
 # -- the comparison --------------------------------------------------------------------------
