@@ -67,7 +67,7 @@ def test_qat_vs_ptq_smallest():
     result = qat_vs_ptq(config=QuantizationConfig("int4", group_size=128), num_steps=3,
                         batch_size=2, seq_len=32, num_heldout_documents=4)
     assert result["float"] < result["ptq"] and math.isfinite(result["qat"])
-    assert len(result["losses"]) == 3
+    assert len(result["qat_losses"]) == 3 and math.isfinite(result["finetune_ptq"])
 
 
 def test_int4_exercise_checker_passes_the_package_and_explains_wrong_answers():
