@@ -114,6 +114,22 @@ def test_cpu_kernel_equals_reference_layer(config, shape):
     torch.testing.assert_close(expected, manual.detach(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("config", [QuantizationConfig("int8", group_size=None, scale_dtype="bfloat16"),
+                                    QuantizationConfig("int4", group_size=64, scale_dtype="bfloat16")])
+def test_cpu_kernel_in_bfloat16(config):
+    """bf16 activations take the operators' vectorized path; equal up to bf16 rounding."""
+    torch.manual_seed(0)
+    linear = nn.Linear(320, 96, bias=True).bfloat16()
+    reference = QuantizedLinear.from_linear(linear, config)
+    fast = QuantizedLinear.from_linear(linear, config)
+    kernel = make_kernel("cpu")
+    kernel.prepare(fast)
+    fast.kernel = kernel
+    for M in (1, 5):
+        x = torch.randn(M, 320).bfloat16()
+        torch.testing.assert_close(fast(x).float(), reference(x).float(), rtol=2e-2, atol=3e-2)
+
+
 def test_quantized_layer_is_close_to_the_original():
     torch.manual_seed(0)
     linear = nn.Linear(256, 64, bias=False)

@@ -45,6 +45,7 @@ class Setting:
     label: str
     quantization: str | None = None
     options: dict = field(default_factory=dict)
+    dtype: str = "auto"  # the model dtype (activations, scales, unquantized weights)
 
 
 def default_settings(group_sizes=(32, 64, 128)) -> list[Setting]:
@@ -244,7 +245,7 @@ def decode_speed_table(model, settings: list[Setting], num_tokens: int = 16, pro
     rows = []
     for setting in settings:
         llm = LLM(model, quantization=setting.quantization, quantization_config=setting.options or None,
-                  max_num_seqs=1, record_trace=False, kv_cache_memory=KV_CACHE_MEMORY)
+                  dtype=setting.dtype, max_num_seqs=1, record_trace=False, kv_cache_memory=KV_CACHE_MEMORY)
         layer = next((m for m in llm.model.modules() if hasattr(m, "kernel")), None)
         decode_tokens_per_s(llm, "Order for table 7:", 2)  # warm-up
         speed = decode_tokens_per_s(llm, "Order for table 7:", num_tokens)
