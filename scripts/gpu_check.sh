@@ -113,13 +113,6 @@ json.dump({"copy_GBps": copy / 1e9, "points": rows}, open(sys.argv[1], "w"), ind
 KERNEL
 fi
 
-# -- 3a'. weight-only quantization: int8 / int4 vs bf16 decode at batch 1 and 16, GPU only -------
-if [[ $HAS_CUDA == 1 ]]; then
-    echo "== benchmarks/quantization.py --skip-cpu-speed (limit 150s)"
-    timeout -k 10 150 "$PYTHON" benchmarks/quantization.py --skip-cpu-speed --threads 8 \
-        --json "$OUT_DIR/quantization.json" 2>&1 | grep -v -e "Writing model shards" | tee "$OUT_DIR/quantization.log"
-fi
-
 # -- 3b. the throughput benchmark, in what is left of the budget ---------------------------------
 LEFT=$((BUDGET_S - SECONDS - 15))
 (( LEFT < 60 )) && LEFT=60
@@ -132,6 +125,27 @@ timeout -k 10 "$LEFT" "$PYTHON" benchmarks/throughput.py "${BENCH_ARGS[@]}" 2>&1
     | grep -v -e "Writing model shards" | tee "$OUT_DIR/throughput.log"
 BENCH_RC=${PIPESTATUS[0]}
 [[ $BENCH_RC == 124 || $BENCH_RC == 137 ]] && echo "(benchmark stopped at the ${LEFT}s limit; the table shows what it finished)"
+
+# -- 3c. speculative decoding (benchmarks/spec_decode.py), in what is left ------------------------
+LEFT=$((BUDGET_S - SECONDS - 10))
+if (( LEFT >= 30 )); then
+    SPEC_ARGS=(--json "$OUT_DIR/spec_decode.json")
+    [[ $DRY_RUN == 1 ]] && SPEC_ARGS+=(--quick --device cpu)
+    echo "== benchmarks/spec_decode.py ${SPEC_ARGS[*]} (limit ${LEFT}s)"
+    timeout -k 10 "$LEFT" "$PYTHON" benchmarks/spec_decode.py "${SPEC_ARGS[@]}" 2>&1 | tee "$OUT_DIR/spec_decode.log"
+else
+    echo "== benchmarks/spec_decode.py skipped: ${LEFT}s left"
+fi
+
+# -- 3d. weight-only quantization (benchmarks/quantization.py), GPU only, in what is left -------
+LEFT=$((BUDGET_S - SECONDS - 10))
+if [[ $HAS_CUDA == 1 ]] && (( LEFT >= 60 )); then
+    echo "== benchmarks/quantization.py --skip-cpu-speed (limit ${LEFT}s)"
+    timeout -k 10 "$LEFT" "$PYTHON" benchmarks/quantization.py --skip-cpu-speed --threads 8 \
+        --json "$OUT_DIR/quantization.json" 2>&1 | grep -v -e "Writing model shards" | tee "$OUT_DIR/quantization.log"
+elif [[ $HAS_CUDA == 1 ]]; then
+    echo "== benchmarks/quantization.py skipped: ${LEFT}s left"
+fi
 
 # -- 4. the summary ------------------------------------------------------------------------------
 TESTS_SUMMARY="$TESTS_SUMMARY" BENCH_RC="$BENCH_RC" ELAPSED="$SECONDS" "$PYTHON" - "$OUT_DIR/throughput.json" "$OUT_DIR/kernel_bandwidth.json" "$OUT_DIR/quantization.json" \
@@ -179,6 +193,14 @@ if kernel.is_file():
     for p in k["points"]:
         rows.append((f"decode kernel, {p['num_seqs']} seqs x {p['context_len']} tokens",
                      f"{p['GBps']:,.0f} GB/s = {p['of_copy']:.0%} of copy ({k['copy_GBps']:,.0f} GB/s)"))
+spec = Path(sys.argv[1]).with_name("spec_decode.json")
+if spec.is_file():
+    sd = json.loads(spec.read_text())
+    rows.append(("speculative decoding, batch 1", f"{sd['best_speedup']:.2f}x at K = {sd['best_k']} "
+                                                  f"(same tokens: {sd['all_same_tokens']})"))
+    for r in sd["batches"]:
+        if r["K"]:
+            rows.append((f"speculative decoding, batch {r['batch_size']}", f"{r['speedup']:.2f}x at K = {r['K']}"))
 quant = Path(sys.argv[3])
 if quant.is_file():
     q = json.loads(quant.read_text())
