@@ -306,3 +306,21 @@ def test_foreign_quantized_checkpoint_is_refused(checkpoints, tmp_path):
     (folder / "config.json").write_text(json.dumps(raw))
     with pytest.raises(QuantizationError, match="quant_method 'gptq'"):
         LLM(folder)
+
+
+def test_quantized_models_as_speculative_target_and_draft(checkpoints, prompts, tmp_path):
+    """A quantized model is an ordinary model to the engine: as the target (quantized on load)
+    and as the draft (a quantized checkpoint), greedy output equals the target running alone."""
+    import warnings
+
+    path = checkpoints["qwen3"].path
+    options = {"group_size": 32}
+    draft = quantize_checkpoint(path, tmp_path / "draft-int8", "int8")
+    alone = LLM(path, quantization="int4", quantization_config=options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "draft bigger than target" from counting buffers
+        spec = LLM(path, quantization="int4", quantization_config=options,
+                   speculative_config={"model": str(draft), "num_speculative_tokens": 3})
+    assert texts(spec.generate(prompts, GREEDY, use_tqdm=False)) == texts(alone.generate(prompts, GREEDY, use_tqdm=False))
+    stats = spec.engine.spec_decoding_stats
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens > 0  # drafts were verified, some kept
