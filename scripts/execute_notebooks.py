@@ -35,7 +35,8 @@ def execute(path: Path, smoke: bool, timeout_s: int) -> float:
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    os.environ.update(MINILM_STATIC_FIGURES="1", MINILM_DEVICE="cpu", MINILM_SMOKE="1" if smoke else "0")
+    os.environ.update(MINILM_STATIC_FIGURES="1", MINILM_DEVICE="cpu", MINILM_SMOKE="1" if smoke else "0",
+                      TQDM_DISABLE="1")  # progress bars are widgets in a kernel: nothing to read later
     os.environ.pop("COLAB_NOTEBOOK_ID", None)
     start = time.perf_counter()
     NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
