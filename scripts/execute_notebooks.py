@@ -36,7 +36,8 @@ def execute(path: Path, smoke: bool, timeout_s: int) -> float:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     os.environ.update(MINILM_STATIC_FIGURES="1", MINILM_DEVICE="cpu", MINILM_SMOKE="1" if smoke else "0",
-                      TQDM_DISABLE="1")  # progress bars are widgets in a kernel: nothing to read later
+                      TQDM_DISABLE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")  # progress bars are widgets in a
+    # kernel, nothing to read later (transformers uses huggingface_hub's bars)
     os.environ.pop("COLAB_NOTEBOOK_ID", None)
     start = time.perf_counter()
     NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
