@@ -46,7 +46,7 @@ def test_the_colab_extra_forces_no_widget_or_frontend_upgrade() -> None:
     assert "ipywidgets" not in colab and "jupyterlab" not in colab and "notebook" not in colab
     for requirement in extras["colab"]:  # Colab's versions satisfy every lower bound
         name, _, bound = requirement.partition(">=")
-        pinned = {"plotly": "5.24.1", "anywidget": "0.9.13", "matplotlib": "3.10.0", "pandas": "2.2.2"}
+        pinned = {"plotly": "5.24.1", "anywidget": "0.9.13", "matplotlib": "3.10.0", "pandas": "2.2.2", "scipy": "1.14.1"}
         assert tuple(map(int, bound.split("."))) <= tuple(map(int, pinned[name].split("."))), requirement
     dependencies = " ".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
     assert "ipywidgets" not in dependencies
