@@ -84,9 +84,13 @@ def missing_arguments(rung: Rung) -> list[str]:
     return sorted(set(rung.llm_kwargs) - engine_arguments())
 
 
+# Mostly short answers, one in five long: static batching waits on the long ones.
+LADDER_MIX = LengthMix(short=(8, 32), long=(96, 128), long_fraction=0.2)
+
+
 def ladder_workload(
     num_requests: int = 16, seed: int = 0, shared_prefix: str = SYSTEM_PROMPT,
-    mix: LengthMix = LengthMix(short=(8, 32), long=(96, 128), long_fraction=0.2),
+    mix: LengthMix = LADDER_MIX,
 ) -> Workload:
     """Noodle-shop prompts behind one shared system prompt (what prefix caching can reuse),
     with skewed output lengths (what static batching waits on); greedy, EOS ignored."""
@@ -251,3 +255,25 @@ def verdicts(results: Sequence[RungResult], prices: Prices) -> list[Verdict]:
         "held" if low >= 3 else "partly" if top >= 3 else "not held",
     ))
     return out
+
+
+# -- keeping a measured ladder -------------------------------------------------------------------
+
+
+def results_to_json(results: Sequence[RungResult]) -> list[dict[str, Any]]:
+    """JSON-able data for a measured ladder; `results_from_json` reads it back."""
+    return [
+        {"rung": {"name": r.rung.name, "adds": r.rung.adds, "llm_kwargs": r.rung.llm_kwargs},
+         "measurement": None if r.measurement is None else r.measurement.to_dict(),
+         "reason": r.reason}
+        for r in results
+    ]
+
+
+def results_from_json(data: Sequence[dict[str, Any]]) -> list[RungResult]:
+    return [
+        RungResult(Rung(**d["rung"]),
+                   None if d["measurement"] is None else Measurement.from_dict(d["measurement"]),
+                   d.get("reason", ""))
+        for d in data
+    ]

@@ -278,20 +278,23 @@ class Measurement:
 def fit_token_seconds(records: Sequence[Any]) -> tuple[float | None, float | None]:
     """Seconds one prompt token and one output token cost, fitted over the engine's steps.
 
-    Each step's wall time is modelled as `a * prefill_tokens + b * decode_tokens` with a, b >= 0
-    (non-negative least squares over the steps of `engine.trace.records`).  The fixed per-step
+    Each step's wall time is modelled as `a * prefill_tokens + b * decode_tokens`, fitted by
+    least squares over the steps of `engine.trace.records`.  The fixed per-step
     cost has no term of its own: it lands mostly on `b`, because nearly every step decodes, and
     that is fair: decode steps are the ones that pay it over and over.  Returns (None, None)
-    when the steps cannot separate the two (no prefill, or no decode step).
+    when the steps cannot separate the two (no prefill or no decode step, or a fit that makes
+    one kind of token free or negative).
     """
     import numpy as np
-    from scipy.optimize import nnls
 
     rows = [(r.num_prefill_tokens, r.num_decode_tokens, r.duration_s) for r in records]
     if not any(p for p, _, _ in rows) or not any(d for _, d, _ in rows):
         return None, None
     data = np.array(rows, dtype=float)
-    (a, b), _ = nnls(data[:, :2], data[:, 2])
+    x, y = data[:, :2], data[:, 2]
+    # A coefficient at or below zero means these steps cannot tell the two kinds of token
+    # apart (a kind that costs nothing is noise, not a measurement): no split then.
+    (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
     if a <= 0 or b <= 0:
         return None, None
     return float(a), float(b)
