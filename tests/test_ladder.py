@@ -59,7 +59,11 @@ def test_run_ladder_measures_available_rungs_and_reports_the_rest(checkpoints) -
         assert m.num_output_tokens == workload.num_output_tokens and m.num_requests == 4
         assert m.provenance.machine == "test box" and m.provenance.settings["rung"] == r.rung.name
         assert m.mean_e2e_s > 0 and 99 in m.e2e_s
+    computed = [r.measurement.num_computed_tokens for r in results[:5]]
+    assert computed[0] > computed[1] and computed[2] >= computed[1]  # recompute, padding
     continuous, prefix = results[3].measurement, results[4].measurement
+    assert prefix.num_computed_tokens < continuous.num_computed_tokens  # the prefix is reused
+    assert prefix.peak_kv_blocks > 0 and results[1].measurement.peak_kv_blocks is None
     assert continuous.num_cached_input_tokens == 0 and prefix.num_cached_input_tokens > 0
     assert prefix.provenance.settings["max_num_seqs"] == 2
     assert "max_num_seqs" not in results[1].measurement.provenance.settings
@@ -93,3 +97,22 @@ def test_verdicts_compare_with_both_baselines() -> None:
     assert throughput.verdict == "not held" and cost.verdict == "not held"
     with pytest.raises(ValueError, match="no rung"):
         verdicts([RungResult(LADDER[0], None, "x")], prices)
+
+
+def test_computed_tokens_by_hand() -> None:
+    from types import SimpleNamespace
+
+    from minilm_engine.ledger.ladder import computed_tokens
+
+    def out(p: int, o: int):
+        return SimpleNamespace(prompt_token_ids=[0] * p, outputs=[SimpleNamespace(token_ids=[0] * o)])
+
+    outputs = [out(5, 3), out(2, 4), out(7, 1)]
+    # no cache: (5 + 6 + 7) + (2 + 3 + 4 + 5) + 7 = 39
+    assert computed_tokens("no_cache", outputs, 1) == 39
+    # KV cache: (5 + 2) + (2 + 3) + (7 + 0) = 19
+    assert computed_tokens("kv_cache", outputs, 1) == 19
+    # static, 2 rows: batch 1 pads to 5 prompt + 3 decode steps: 2 * 8; batch 2: 1 * (7 + 0)
+    assert computed_tokens("static_batch", outputs, 2) == 16 + 7
+    with pytest.raises(ValueError, match="continuous"):
+        computed_tokens("continuous", outputs, 2)

@@ -146,10 +146,36 @@ def run_rung(
     settings = {"rung": rung.name, **{k: v for k, v in kwargs.items() if k != "speculative_config"}}
     if "speculative_config" in kwargs:
         settings["speculative"] = str(kwargs["speculative_config"])
+    computed = None if records else computed_tokens(
+        kwargs.get("strategy", "continuous"), outputs, kwargs.get("max_num_seqs", 1))
     measurement = Measurement.from_outputs(
-        outputs, wall, model=model_name, settings=settings, trace_records=records, machine=machine
+        outputs, wall, model=model_name, settings=settings, trace_records=records, machine=machine,
+        num_computed_tokens=computed,
     )
     return RungResult(rung, measurement)
+
+
+def computed_tokens(strategy: str, outputs: Sequence[Any], max_num_seqs: int) -> int:
+    """Tokens the baseline strategies feed through the model for `outputs` (the continuous
+    engine's own trace counts its tokens).  With P prompt and O output tokens per request:
+
+        no_cache       every new token re-feeds the whole sequence:  sum of (P + i), i < O
+        kv_cache       the prompt once, then one token per step:      P + O - 1
+        static_batch   per batch of B rows, padded to the longest prompt and run until the
+                       longest request ends:                          B * (max P + max O - 1)
+    """
+    lens = [(len(o.prompt_token_ids), len(o.outputs[0].token_ids)) for o in outputs]
+    if strategy == "no_cache":
+        return sum(o * p + o * (o - 1) // 2 for p, o in lens)
+    if strategy == "kv_cache":
+        return sum(p + o - 1 for p, o in lens)
+    if strategy == "static_batch":
+        total = 0
+        for first in range(0, len(lens), max_num_seqs):
+            batch = lens[first : first + max_num_seqs]
+            total += len(batch) * (max(p for p, _ in batch) + max(o for _, o in batch) - 1)
+        return total
+    raise ValueError(f"no token count for strategy {strategy!r} without a trace")
 
 
 def run_ladder(

@@ -94,6 +94,9 @@ class Measurement:
     # seconds of engine time one prompt token / one output token costs (fit_token_seconds)
     input_token_s: float | None = None
     output_token_s: float | None = None
+    # tokens fed through the model, padding and recomputation included (None: not known)
+    num_computed_tokens: int | None = None
+    peak_kv_blocks: int | None = None  # most KV blocks in use at once (paged engine)
 
     def __post_init__(self) -> None:
         for name in ("num_requests", "num_input_tokens", "num_output_tokens",
@@ -155,11 +158,14 @@ class Measurement:
         machine: str | None = None,
         num_gpus: int = 1,
         request_rate: float | None = None,
+        num_computed_tokens: int | None = None,
     ) -> "Measurement":
         """From `LLM.generate` results (`RequestOutput`s) and the wall time of the call.
 
         `trace_records` (the continuous engine's `engine.trace.records` for exactly this run)
-        adds the prefix-cache hits and the split of step time between prompt and output tokens.
+        adds the prefix-cache hits, the tokens computed, the peak KV blocks and the split of step
+        time between prompt and output tokens.  `num_computed_tokens` gives the tokens computed
+        where no trace exists (see `ladder.computed_tokens`).
         """
         if not outputs:
             raise ValueError("outputs must not be empty")
@@ -167,10 +173,14 @@ class Measurement:
         ttfts = [m.ttft for m in metrics if m.ttft is not None]
         tpots = [m.tpot for m in metrics if m.tpot is not None]
         e2es = [m.e2e_latency for m in metrics if m.e2e_latency is not None]
-        num_cached, input_s, output_s = 0, None, None
+        num_cached, input_s, output_s, peak_blocks = 0, None, None, None
         if trace_records:
             num_cached = sum(c.num_cached_tokens for r in trace_records for c in r.chunks)
             input_s, output_s = fit_token_seconds(trace_records)
+            peak_blocks = max(r.num_used_blocks for r in trace_records)
+            if num_computed_tokens is None:
+                num_computed_tokens = sum(r.num_prefill_tokens + r.num_decode_tokens
+                                          for r in trace_records)
         return cls(
             provenance=Provenance(
                 machine=machine or this_machine(),
@@ -194,6 +204,8 @@ class Measurement:
             mean_e2e_s=_mean(e2es),
             input_token_s=input_s,
             output_token_s=output_s,
+            num_computed_tokens=num_computed_tokens,
+            peak_kv_blocks=peak_blocks,
         )
 
     @classmethod
