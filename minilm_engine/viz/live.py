@@ -151,7 +151,7 @@ class LiveView:
 
     def widget(self, controls: bool = True) -> widgets.VBox:
         """A live FigureWidget (with Step / Run / delay controls unless controls=False)."""
-        figure_widget = go.FigureWidget(self.figure())
+        figure_widget = new_figure_widget(self.figure())
         self.figure_widgets.append(figure_widget)
         self._last_redraw_end = time.perf_counter()  # it was just drawn
         if not self._listening:
@@ -233,6 +233,12 @@ class LiveView:
         except RuntimeError:
             return  # no event loop (a script, a test): the caller redraws when it wants to
         self._pending_flush = loop.call_later(delay, self.flush)
+
+
+def new_figure_widget(figure: go.Figure) -> go.FigureWidget:
+    """The live widget every view (and the ledger dashboard) draws a figure into; redraws go
+    through `_copy_figure`.  One place to change how live figures are made."""
+    return go.FigureWidget(figure)
 
 
 def _copy_figure(source: go.Figure, target: go.FigureWidget) -> None:
