@@ -90,7 +90,7 @@ def test_widget_inputs_redraw_the_books_and_figures(ladder, checkpoints) -> None
     dash = LedgerDashboard(results, PRICES, llm=llm, workload=workload, num_seats=2)
     assert len(llm.engine.scheduler.waiting) == workload.num_requests
     box = dash.widget()
-    assert box.children[1].get_title(0) == "1. optimization pipeline"
+    assert box.children[1].get_title(0) == "1 · pipeline"
     pipeline = dash._figure_widgets[MODES[0]]
     before = list(pipeline.data[1].y)
     dash._widgets["gpu_cost"].value = 4.0  # twice the price: twice the cost per token

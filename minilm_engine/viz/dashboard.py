@@ -35,6 +35,7 @@ from ..ledger.prices import Prices
 from .live import _copy_figure, new_figure_widget
 
 MODES = ("optimization pipeline", "KV cache reuse", "continuous batching")
+TAB_TITLES = ("1 · pipeline", "2 · KV cache reuse", "3 · batching")  # short: tabs are narrow
 DEFAULT_PRICES = Prices(gpu_cost_per_hour=0.10, input_price_per_mtok=0.25,
                         output_price_per_mtok=1.0, cached_input_discount=0.5, batch_discount=0.5)
 MEASURED_LADDER = "ladder_cpu.json"  # in minilm_engine/ledger/measured/, by make_figures.py
@@ -320,8 +321,8 @@ class LedgerDashboard:
             batching.insert(0, self._live_view.widget())
         pages.append(widgets.VBox(batching))
         tabs = widgets.Tab(children=pages)
-        for i, mode in enumerate(MODES):
-            tabs.set_title(i, f"{i + 1}. {mode}")
+        for i, title in enumerate(TAB_TITLES):
+            tabs.set_title(i, title)
         w["tabs"] = tabs
         return widgets.VBox([prices_box, tabs])
 
