@@ -268,3 +268,45 @@ def test_from_outputs_of_the_engine(checkpoints, prompts) -> None:
     assert Ledger(m, Prices(1.0)).output_cost_per_mtok > 0
     with pytest.raises(ValueError, match="outputs"):
         Measurement.from_outputs([], 1.0, model="x")
+
+
+# -- the chapter's exercises ----------------------------------------------------------------------
+
+
+def test_break_even_exercise_by_hand_and_its_checker() -> None:
+    from minilm_engine.teaching.exercises_ledger import BREAK_EVEN, break_even_output_price
+
+    # $3.60/h at 50% utilization = $7.20 per serving hour; inputs earn 3.6 M * $0.10 = $0.36;
+    # ($7.20 - $0.36) / 3.6 M output tokens = $1.90 per million.
+    assert break_even_output_price(3.6, 0.5, 1000, 1000, 0.1) == pytest.approx(1.9)
+    assert BREAK_EVEN.check(break_even_output_price).passed
+
+    def forgets_utilization(gpu_cost_per_hour, utilization, output_tokens_per_s,
+                            input_tokens_per_s, input_price_per_mtok):
+        hour_in = input_tokens_per_s * 3600 / 1e6
+        return (gpu_cost_per_hour - hour_in * input_price_per_mtok) / (output_tokens_per_s * 3600 / 1e6)
+
+    result = BREAK_EVEN.check(forgets_utilization)
+    assert not result.passed and "expected" in result.message
+    assert not BREAK_EVEN.check(lambda **kw: "1.9").passed  # a string, not a crash
+    assert "raised" in BREAK_EVEN.check(lambda **kw: 1 / 0).message
+
+
+def test_gpus_for_load_exercise_and_its_checker() -> None:
+    from minilm_engine.teaching.exercises_ledger import GPUS_FOR_LOAD, gpus_for_load
+
+    sweep = [{"tokens_per_s": 300, "p99_ttft_s": 0.05}, {"tokens_per_s": 900, "p99_ttft_s": 0.4},
+             {"tokens_per_s": 1200, "p99_ttft_s": 3.0}]
+    assert gpus_for_load(2000, sweep, 0.5) == 3  # 900 per GPU within 0.5 s: 2.2 -> 3
+    assert gpus_for_load(2000, sweep, 0.01) is None
+    assert GPUS_FOR_LOAD.check(gpus_for_load).passed
+
+    def fastest_point(target_tokens_per_s, sweep, p99_ttft_limit_s):
+        return math.ceil(target_tokens_per_s / max(p["tokens_per_s"] for p in sweep))
+
+    def rounds_down(target_tokens_per_s, sweep, p99_ttft_limit_s):
+        ok = [p["tokens_per_s"] for p in sweep if p["p99_ttft_s"] <= p99_ttft_limit_s]
+        return int(target_tokens_per_s // max(ok)) if ok else None
+
+    for wrong in (fastest_point, rounds_down, lambda **kw: 2.0):
+        assert not GPUS_FOR_LOAD.check(wrong).passed
