@@ -29,11 +29,12 @@ from __future__ import annotations
 import math
 import random
 import statistics
-import time
 from dataclasses import dataclass
 
 from ..sampling_params import SamplingParams
+from .batching import timed_generate
 from .toy_simulator import simulate
+from .workloads import Workload
 
 SPEED_RANGE = (0.4, 1.2)  # the seed's eating speeds
 BITE = 0.1  # share of a bowl eaten per round at speed 1
@@ -153,26 +154,21 @@ def engine_on_diners(
     from ..data.noodle_corpus import sample_prompts
     from ..llm import LLM
 
-    prompts = sample_prompts(len(comparison.lengths), seed)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-              for n in comparison.lengths]
+    workload = Workload(
+        sample_prompts(len(comparison.lengths), seed),
+        [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in comparison.lengths],
+    )
     wall, latency, steps = {}, {}, {}
     for policy, strategy in (("static", "static_batch"), ("continuous", "continuous")):
         llm = LLM(model, device=device, strategy=strategy, max_num_seqs=comparison.num_seats,
                   enable_prefix_caching=False)
-        llm.generate(prompts[:1], params[:1], use_tqdm=False)  # warm-up
-        best = None
-        for _ in range(num_repeats):
-            engine = getattr(llm.strategy, "engine", None)
-            if engine is not None:
-                engine.trace.clear()
-            start = time.perf_counter()
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            elapsed = time.perf_counter() - start
-            if best is None or elapsed < best[0]:
-                num = len(engine.trace.records) if engine is not None else comparison.static_rounds
-                best = (elapsed, [o.metrics.e2e_latency for o in outputs], num)
-        wall[policy], latency[policy], steps[policy] = best
+        llm.generate(workload.prompts[:1], workload.sampling_params[:1], use_tqdm=False)  # warm-up
+        best = min((timed_generate(llm, workload) for _ in range(num_repeats)),
+                   key=lambda t: t.wall_s)
+        wall[policy] = best.wall_s
+        latency[policy] = [o.metrics.e2e_latency for o in best.outputs]
+        # A static batch takes as many steps as the toy says (no trace to count them).
+        steps[policy] = len(best.records) if best.records is not None else comparison.static_rounds
     return EngineOnDiners(wall, latency, steps)
 
 

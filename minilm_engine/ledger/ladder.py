@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import gc
 import inspect
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..data.noodle_corpus import SYSTEM_PROMPT
 from ..engine.config import EngineConfig
+from ..experiments.batching import timed_generate
 from ..experiments.workloads import LengthMix, Workload, mixed_workload
 from .books import Ledger
 from .measurement import Measurement
@@ -113,8 +113,9 @@ def run_rung(
     rung: Rung, workload: Workload, *, model=None, device=None, max_num_seqs: int = 8,
     num_repeats: int = 1, machine: str | None = None, **common: Any,
 ) -> RungResult:
-    """Serve `workload` with the rung's engine (after a one-request warm-up); keep the fastest of
-    `num_repeats` runs (on a shared machine, noise only ever adds time).  `common` are extra `LLM` arguments for every rung (e.g. num_kv_blocks)."""
+    """Serve `workload` with the rung's engine (`measure_workload`); keep the fastest of
+    `num_repeats` runs (on a shared machine, noise only ever adds time).  `common` are extra
+    `LLM` arguments for every rung (e.g. num_kv_blocks)."""
     from ..llm import LLM
 
     missing = missing_arguments(rung)
@@ -123,36 +124,37 @@ def run_rung(
     kwargs = {**common, **rung.llm_kwargs}
     if kwargs.get("strategy", "continuous") in BATCHING_STRATEGIES:  # the others run 1 at a time
         kwargs.setdefault("max_num_seqs", max_num_seqs)
+    settings = {"rung": rung.name, **{k: v for k, v in kwargs.items() if k != "speculative_config"}}
+    if "speculative_config" in kwargs:
+        settings["speculative"] = str(kwargs["speculative_config"])
     best = None
     for _ in range(num_repeats):
         # A fresh engine per repeat: with prefix caching on, a second run of the same prompts
         # on the same engine would find every prompt cached and flatter the rung.
         llm = LLM(model, device=device, **kwargs)
-        # The warm-up request also puts the shared system prompt in the prefix cache, as a
-        # server that has been up for a while would have it.
-        llm.generate(workload.prompts[:1], workload.sampling_params[:1], use_tqdm=False)
-        engine = getattr(llm.strategy, "engine", None)
-        if engine is not None:
-            engine.trace.clear()
-        start = time.perf_counter()
-        outputs = llm.generate(workload.prompts, workload.sampling_params, use_tqdm=False)
-        wall = time.perf_counter() - start
-        if best is None or wall < best[0]:
-            records = list(engine.trace.records) if engine is not None else None
-            best = (wall, outputs, records, _model_name(llm))
-        del llm, engine
+        m = measure_workload(llm, workload, settings, machine=machine)
+        if best is None or m.duration_s < best.duration_s:
+            best = m
+        del llm
         gc.collect()
-    wall, outputs, records, model_name = best
-    settings = {"rung": rung.name, **{k: v for k, v in kwargs.items() if k != "speculative_config"}}
-    if "speculative_config" in kwargs:
-        settings["speculative"] = str(kwargs["speculative_config"])
-    computed = None if records else computed_tokens(
-        kwargs.get("strategy", "continuous"), outputs, kwargs.get("max_num_seqs", 1))
-    measurement = Measurement.from_outputs(
-        outputs, wall, model=model_name, settings=settings, trace_records=records, machine=machine,
-        num_computed_tokens=computed,
+    return RungResult(rung, best)
+
+
+def measure_workload(
+    llm, workload: Workload, settings: dict[str, Any], machine: str | None = None
+) -> Measurement:
+    """Serve `workload` with `llm` in one timed `generate` call, after a one-request warm-up,
+    into a `Measurement` (with the engine's trace where there is one).  The warm-up also puts
+    a shared system prompt in the prefix cache, as a server that has been up a while has it."""
+    llm.generate(workload.prompts[:1], workload.sampling_params[:1], use_tqdm=False)
+    timed = timed_generate(llm, workload)
+    strategy = llm.strategy_name
+    computed = None if timed.records else computed_tokens(
+        strategy, timed.outputs, llm.strategy.config.max_num_seqs)
+    return Measurement.from_outputs(
+        timed.outputs, timed.wall_s, model=_model_name(llm), settings=settings,
+        trace_records=timed.records, machine=machine, num_computed_tokens=computed,
     )
-    return RungResult(rung, measurement)
 
 
 def computed_tokens(strategy: str, outputs: Sequence[Any], max_num_seqs: int) -> int:
