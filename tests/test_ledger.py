@@ -310,3 +310,32 @@ def test_gpus_for_load_exercise_and_its_checker() -> None:
 
     for wrong in (fastest_point, rounds_down, lambda **kw: 2.0):
         assert not GPUS_FOR_LOAD.check(wrong).passed
+
+
+OUR_BENCH = {  # the shape minilm-engine's own `bench serve --result-file` writes
+    "date": "2026-12-01T01:00:00+00:00", "base_url": "http://127.0.0.1:8000", "model": "noodle-chef",
+    "endpoint": "/v1/completions", "request_rate": 4.0, "burstiness": 1.0, "max_concurrency": None,
+    "slo": {"ttft": 500.0}, "num_prompts": 20, "num_completed": 20, "num_failed": 0,
+    "duration_s": 5.0, "total_input_tokens": 400, "total_output_tokens": 1000,
+    "request_throughput": 4.0, "output_throughput": 200.0, "total_token_throughput": 280.0,
+    "goodput": 3.8, "ttft_ms": {"mean": 30.0, "median": 25.0, "p90": 60.0, "p99": 90.0},
+    "tpot_ms": {"mean": 10.0, "median": 9.0, "p90": 14.0, "p99": 20.0},
+    "itl_ms": {"mean": 10.0, "median": 9.0, "p90": 14.0, "p99": 25.0},
+    "e2el_ms": {"mean": None, "median": None, "p90": None, "p99": None},
+    "input_lens": [20] * 20, "output_lens": [50] * 20, "errors": [],
+}
+
+
+def test_bench_serve_json_of_this_package_and_its_sweeps(tmp_path) -> None:
+    m = Measurement.from_bench_json(OUR_BENCH)
+    assert (m.num_requests, m.duration_s, m.request_rate) == (20, 5.0, 4.0)
+    assert m.ttft_s == {50: 0.025, 90: 0.06, 99: 0.09} and m.mean_ttft_s == pytest.approx(0.03)
+    assert m.tpot_s[99] == pytest.approx(0.02) and m.e2e_s == {} and m.mean_e2e_s is None
+    assert m.provenance.model == "noodle-chef" and m.provenance.settings["endpoint"] == "/v1/completions"
+    path = tmp_path / "sweep.json"
+    points = [{**OUR_BENCH, "request_rate": r, "total_output_tokens": 500 * r} for r in (1, 2, 8)]
+    path.write_text(json.dumps({"sweep": points}))
+    sweep = Measurement.sweep_from_bench_json(path)
+    assert [p.request_rate for p in sweep] == [1, 2, 8]
+    assert throughput_at_slo(sweep, SLO(ttft_s=0.1)).request_rate == 8
+    assert Measurement.sweep_from_bench_json(OUR_BENCH) == [m]

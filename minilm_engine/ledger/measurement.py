@@ -7,6 +7,7 @@ request rate, plus a `Provenance` (machine, model, settings, date, source).  It 
     Measurement.from_outputs(outputs, duration_s, ...)   offline `LLM.generate` results
                                                          (+ the engine's trace, optional)
     Measurement.from_bench_json(dict | path)             a `bench serve` result file
+    Measurement.sweep_from_bench_json(dict | path)       every point of a `--sweep` result
     Measurement.from_dict(...)                           what `to_dict()` wrote
 
 and never changes once built.  Readers of foreign files are tolerant (vLLM's key names, ours,
@@ -215,12 +216,13 @@ class Measurement:
         """From a `bench serve` result: a dict, or the path of its JSON file.
 
         Required: the duration (`duration` or `duration_s`, seconds), the completed requests
-        (`completed` or `num_requests`) and the token totals (`total_input_tokens`,
+        (`completed`, `num_completed` or `num_requests`) and the token totals (`total_input_tokens`,
         `total_output_tokens`).  Optional: `request_rate` ("inf" = all at once),
         `max_concurrency`, `model_id` / `model`, `date`, `num_gpus`, `machine`,
         `total_cached_tokens`, and latencies in milliseconds, each as `mean_ttft_ms`,
         `median_ttft_ms` / `p50_ttft_ms`, `p90_ttft_ms`, `p99_ttft_ms` (same for `tpot` and
-        `e2el`), or as `percentiles_ttft_ms: [[50, value], ...]`.  Unknown keys go into the
+        `e2el`), as `ttft_ms: {"mean", "median", "p90", "p99"}` (what this package's
+        `bench serve` writes), or as `percentiles_ttft_ms: [[50, value], ...]`.  Unknown keys go into the
         provenance's settings when they are small scalars, so nothing measured is lost.
         """
         if isinstance(result, (str, os.PathLike)):
@@ -270,6 +272,22 @@ class Measurement:
             ttft_s=ttft, tpot_s=tpot, e2e_s=e2e,
             mean_ttft_s=mean_ttft, mean_tpot_s=mean_tpot, mean_e2e_s=mean_e2e,
         )
+
+    @classmethod
+    def sweep_from_bench_json(
+        cls, result: Mapping[str, Any] | str | os.PathLike, *, machine: str | None = None
+    ) -> list["Measurement"]:
+        """Every point of a `bench serve --sweep` result (`{"sweep": [result, ...]}`), or the
+        one point of a single result, in order."""
+        if isinstance(result, (str, os.PathLike)):
+            path = Path(result)
+            try:
+                result = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} is not JSON: {e}") from None
+        if isinstance(result, Mapping) and isinstance(result.get("sweep"), Sequence):
+            return [cls.from_bench_json(point, machine=machine) for point in result["sweep"]]
+        return [cls.from_bench_json(result, machine=machine)]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data; `from_dict` reads it back."""
@@ -368,6 +386,16 @@ def _latencies(result: Mapping[str, Any], metric: str) -> tuple[dict[int, float]
                 found[int(_as_float(f"percentiles_{metric}_ms", q))] = (
                     _as_float(f"percentiles_{metric}_ms", value) / 1e3
                 )
+    nested = result.get(f"{metric}_ms")  # {"mean": .., "median": .., "p90": .., "p99": ..}
+    if isinstance(nested, Mapping):
+        for key, value in nested.items():
+            q = 50 if key == "median" else int(key[1:]) if key[:1] == "p" and key[1:].isdigit() \
+                else None
+            if q is not None and value is not None:
+                found[q] = _as_float(f"{metric}_ms.{key}", value) / 1e3
+        mean = nested.get("mean")
+        if mean is not None:
+            return found, _as_float(f"{metric}_ms.mean", mean) / 1e3
     for key in (f"median_{metric}_ms", f"p50_{metric}_ms"):
         if result.get(key) is not None:
             found[50] = _as_float(key, result[key]) / 1e3
