@@ -48,12 +48,14 @@ def test_ladder_workload_shares_a_prefix() -> None:
 
 def test_run_ladder_measures_available_rungs_and_reports_the_rest(checkpoints) -> None:
     workload = ladder_workload(4, seed=0, shared_prefix="the same opening words " * 3, mix=SHORT)
-    rungs = [*LADDER[:5], Rung("+ warp drive", "nothing real", {"warp_drive": True})]
+    rungs = [*LADDER[:5], Rung("+ warp drive", "nothing real", {"warp_drive": True}),
+             Rung("+ a bad setting", "refused", {**LADDER[4].llm_kwargs, "block_size": 0})]
     results = run_ladder(workload, rungs, model=checkpoints["llama"].path, max_num_seqs=2,
                          machine="test box", num_kv_blocks=64)
-    assert [r.available for r in results] == [True] * 5 + [False]
-    assert "not available in this version" in results[-1].reason
-    assert results[-1].reason.endswith("['warp_drive']")
+    assert [r.available for r in results] == [True] * 5 + [False, False]
+    assert "not available in this version" in results[-2].reason
+    assert results[-2].reason.endswith("['warp_drive']")
+    assert results[-1].reason.startswith("refused by this version: ValueError: block_size")
     for r in results[:5]:
         m = r.measurement
         assert m.num_output_tokens == workload.num_output_tokens and m.num_requests == 4
@@ -70,7 +72,7 @@ def test_run_ladder_measures_available_rungs_and_reports_the_rest(checkpoints) -
 
     rows = ladder_rows(results, Prices(2.0))
     assert rows[0]["x first rung"] == 1.0 and rows[-1]["output tokens/s"] is None
-    assert rows[-1]["note"] == results[-1].reason
+    assert rows[-2]["note"] == results[-2].reason
     for row, r in zip(rows[:5], results):
         tps = r.measurement.output_tokens_per_s
         assert row["cost $/Mtok"] == pytest.approx(2.0 / (tps * 3600) * 1e6)

@@ -131,7 +131,12 @@ def run_rung(
     for _ in range(num_repeats):
         # A fresh engine per repeat: with prefix caching on, a second run of the same prompts
         # on the same engine would find every prompt cached and flatter the rung.
-        llm = LLM(model, device=device, **kwargs)
+        try:
+            llm = LLM(model, device=device, **kwargs)
+        except (ValueError, TypeError, NotImplementedError) as e:
+            # The arguments exist but this combination is refused (e.g. two techniques that
+            # do not compose yet): said as the engine said it, and no numbers.
+            return RungResult(rung, None, f"refused by this version: {type(e).__name__}: {e}")
         m = measure_workload(llm, workload, settings, machine=machine)
         if best is None or m.duration_s < best.duration_s:
             best = m
