@@ -90,7 +90,7 @@ def test_verdicts_compare_with_both_baselines() -> None:
     results = [fake("no KV cache", 10), fake("KV cache", 100), fake("continuous batching", 1200),
                RungResult(LADDER[5], None, "not available")]
     throughput, cost = verdicts(results, prices)
-    assert throughput.verdict == "held" and "12.0x" in throughput.measured
+    assert throughput.verdict == "held" and "12.00x" in throughput.measured
     assert cost.verdict == "held" and "$10.000 (KV cache)" in cost.measured  # $3.60 / 0.36 M tokens an hour
     results[2] = fake("continuous batching", 250)
     throughput, cost = verdicts(results, prices)

@@ -269,7 +269,7 @@ def verdicts(results: Sequence[RungResult], prices: Prices) -> list[Verdict]:
     gains = {n: best.output_tokens_per_s / m.output_tokens_per_s for n, m in baselines}
     base_text = "; ".join(
         f"{m.output_tokens_per_s:,.0f} ({n}) -> {best.output_tokens_per_s:,.0f} ({best_name}), "
-        f"{gains[n]:.1f}x" for n, m in baselines)
+        f"{gains[n]:.2f}x" for n, m in baselines)
     top = max(gains.values())
     low = min(gains.values())
     out.append(Verdict(
@@ -281,7 +281,7 @@ def verdicts(results: Sequence[RungResult], prices: Prices) -> list[Verdict]:
     best_cost = Ledger(best, prices).blended_cost_per_mtok
     cost_text = "; ".join(
         f"{prices.money(costs[n], 3)} ({n}) -> {prices.money(best_cost, 3)} per Mtok, "
-        f"{costs[n] / best_cost:.1f}x cheaper" for n, _ in baselines)
+        f"{costs[n] / best_cost:.2f}x cheaper" for n, _ in baselines)
     out.append(Verdict(
         "cost: 30 -> under 10 per Mtok (at least 3x cheaper)",
         cost_text,
