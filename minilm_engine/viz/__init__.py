@@ -4,6 +4,7 @@
     engine = llm.engine                     # LLM(..., strategy="continuous")
     viz.show(viz.BatchView(engine))         # batch slots x engine steps
     viz.show(viz.MemoryView(engine))        # the block pool, and the contiguous alternative
+    viz.LedgerDashboard(results).show()     # a measured technique ladder in three modes (ch. 08)
 
 Contract: every view has `.figure()` (a `plotly.graph_objects.Figure` of the engine as it is now;
 needs no widget frontend, so it survives headless execution and HTML export) and `.widget()`
@@ -18,6 +19,7 @@ from typing import Literal
 
 from .batch_view import BatchCell, BatchView, batch_cells
 from .colors import PALETTE, RequestColors
+from .dashboard import LedgerDashboard
 from .live import EngineControls, LiveView
 from .memory_view import (
     BlockCell,
@@ -89,6 +91,7 @@ __all__ = [
     "BatchView",
     "BlockCell",
     "EngineControls",
+    "LedgerDashboard",
     "LiveView",
     "MemoryView",
     "MemoryWaste",
