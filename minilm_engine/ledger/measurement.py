@@ -225,12 +225,7 @@ class Measurement:
         `bench serve` writes), or as `percentiles_ttft_ms: [[50, value], ...]`.  Unknown keys go into the
         provenance's settings when they are small scalars, so nothing measured is lost.
         """
-        if isinstance(result, (str, os.PathLike)):
-            path = Path(result)
-            try:
-                result = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} is not JSON: {e}") from None
+        result = _read_json(result)
         if not isinstance(result, Mapping):
             raise ValueError(f"a bench serve result must be a JSON object, got {type(result).__name__}")
         duration = _number(result, ("duration", "duration_s"), required=True)
@@ -279,12 +274,7 @@ class Measurement:
     ) -> list["Measurement"]:
         """Every point of a `bench serve --sweep` result (`{"sweep": [result, ...]}`), or the
         one point of a single result, in order."""
-        if isinstance(result, (str, os.PathLike)):
-            path = Path(result)
-            try:
-                result = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} is not JSON: {e}") from None
+        result = _read_json(result)
         if isinstance(result, Mapping) and isinstance(result.get("sweep"), Sequence):
             return [cls.from_bench_json(point, machine=machine) for point in result["sweep"]]
         return [cls.from_bench_json(result, machine=machine)]
@@ -331,6 +321,17 @@ def fit_token_seconds(records: Sequence[Any]) -> tuple[float | None, float | Non
 
 
 # -- tolerant readers ----------------------------------------------------------------------------
+
+
+def _read_json(result: Any) -> Any:
+    """`result` itself, or the JSON in the file it names."""
+    if not isinstance(result, (str, os.PathLike)):
+        return result
+    path = Path(result)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not JSON: {e}") from None
 
 
 def _positive_number(value: Any) -> bool:
