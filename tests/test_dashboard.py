@@ -73,10 +73,12 @@ def test_the_three_figures(ladder) -> None:
     assert list(price_line.y) == [4.0, 4.0]
     assert dash.selected.rung.name in pipeline.layout.title.text
     reuse = dash.figure(MODES[1])
-    computed, cached, ttft = reuse.data
+    computed, cached, ttft, blocks = reuse.data
     assert list(computed.x) == [r.rung.name for r in results if r.available]
     assert computed.y[0] > computed.y[1]  # recomputing costs more tokens than caching
     assert cached.y[list(cached.x).index("+ prefix caching")] > 0
+    assert list(blocks.x) == ["continuous batching", "+ prefix caching"]  # the paged engine
+    assert blocks.y[1] <= blocks.y[0]  # shared prefix blocks are held once
     batching = dash.figure(MODES[2])
     assert "tables turned per minute" in batching.layout.title.text
     assert len(batching.data) == 2  # static and continuous seats

@@ -7,7 +7,8 @@ frontend needed) and, in `widget()`, a live tab with a price panel shared by all
     mode 1  the optimization pipeline   tick techniques on; throughput and cost per Mtok of the
                                         rung they make, the books (margin, break-even, GPUs)
     mode 2  KV cache reuse              tokens fed through the model per output token, prompt
-                                        tokens served from the prefix cache, TTFT, KV blocks
+                                        tokens served from the prefix cache, TTFT, peak KV
+                                        blocks (memory) of the paged engine
     mode 3  continuous batching         the live batch view of a real engine (when an `llm` is
                                         given) beside static batching's seats on the same
                                         lengths; tables turned per minute, measured
@@ -220,20 +221,24 @@ class LedgerDashboard:
                       for r in shown]
         cached = [r.measurement.num_cached_input_tokens for r in shown]
         ttft = [1e3 * (r.measurement.mean_ttft_s or 0) for r in shown]
-        blocks = ["" if r.measurement.peak_kv_blocks is None
-                  else f"peak {r.measurement.peak_kv_blocks} KV blocks" for r in shown]
-        fig = make_subplots(rows=1, cols=3, subplot_titles=(
-            "tokens fed through the model per output token",
-            "prompt tokens served from the prefix cache", "mean time to first token (ms)"))
+        fig = make_subplots(rows=1, cols=4, subplot_titles=(
+            "tokens computed per output token", "prompt tokens from the prefix cache",
+            "mean time to first token (ms)", "peak KV blocks in use"))
         fig.add_trace(go.Bar(x=names, y=per_output, marker_color=colors, showlegend=False,
                              text=[f"{v:,.1f}" for v in per_output], textposition="outside",
-                             hovertext=blocks, name="computed"), 1, 1)
+                             name="computed"), 1, 1)
         fig.add_trace(go.Bar(x=names, y=cached, marker_color=colors, showlegend=False,
                              text=[f"{v:,}" for v in cached], textposition="outside",
                              name="reused"), 1, 2)
         fig.add_trace(go.Bar(x=names, y=ttft, marker_color=colors, showlegend=False,
                              text=[f"{v:,.0f}" for v in ttft], textposition="outside",
                              name="TTFT"), 1, 3)
+        paged = [r for r in shown if r.measurement.peak_kv_blocks is not None]
+        fig.add_trace(go.Bar(  # only the paged engine counts its blocks
+            x=[r.rung.name for r in paged], y=[r.measurement.peak_kv_blocks for r in paged],
+            marker_color=[SELECTED if r is self.selected else OTHER for r in paged],
+            showlegend=False, text=[str(r.measurement.peak_kv_blocks) for r in paged],
+            textposition="outside", name="KV blocks"), 1, 4)
         by_name = {r.rung.name: r.measurement for r in shown}
         summary = " · ".join(
             f"{n}: {by_name[n].num_computed_tokens / by_name[n].num_output_tokens:,.1f}"
