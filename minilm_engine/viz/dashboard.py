@@ -33,7 +33,7 @@ from ..experiments.toy_simulator import simulate
 from ..ledger.books import Ledger, gpus_needed, monthly_cost
 from ..ledger.ladder import RungResult, ladder_workload, results_from_json
 from ..ledger.prices import Prices
-from .live import _copy_figure, new_figure_widget
+from .live import live_figure, update_live_figure
 
 MODES = ("optimization pipeline", "KV cache reuse", "continuous batching")
 TAB_TITLES = ("1 · pipeline", "2 · KV cache reuse", "3 · batching")  # short: tabs are narrow
@@ -82,7 +82,7 @@ class LedgerDashboard:
         self.llm = llm
         self._live_view = None
         self._widgets: dict[str, object] = {}
-        self._figure_widgets: dict[str, go.FigureWidget] = {}
+        self._figure_widgets: dict[str, object] = {}  # mode -> live figure widget
         if llm is not None:
             for i, (prompt, params) in enumerate(zip(self.workload.prompts,
                                                      self.workload.sampling_params)):
@@ -314,7 +314,7 @@ class LedgerDashboard:
         ])
         pages = []
         for mode in MODES:
-            self._figure_widgets[mode] = new_figure_widget(self.figure(mode))
+            self._figure_widgets[mode] = live_figure(self.figure(mode))
         pages.append(widgets.VBox([widgets.HBox(toggles, layout=widgets.Layout(flex_flow="wrap")),
                                    self._figure_widgets[MODES[0]], w["books"]]))
         pages.append(widgets.VBox([self._figure_widgets[MODES[1]]]))
@@ -354,7 +354,7 @@ class LedgerDashboard:
         """Bring every live figure and the books up to date with the prices and toggles."""
         for mode in MODES[:2]:  # mode 3 depends on neither (its live view follows the engine)
             if mode in self._figure_widgets:
-                _copy_figure(self.figure(mode), self._figure_widgets[mode])
+                update_live_figure(self._figure_widgets[mode], self.figure(mode))
         if "books" in self._widgets:
             self._widgets["books"].value = self.books_html()
 

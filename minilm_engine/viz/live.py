@@ -151,7 +151,7 @@ class LiveView:
 
     def widget(self, controls: bool = True) -> widgets.VBox:
         """A live FigureWidget (with Step / Run / delay controls unless controls=False)."""
-        figure_widget = new_figure_widget(self.figure())
+        figure_widget = live_figure(self.figure())
         self.figure_widgets.append(figure_widget)
         self._last_redraw_end = time.perf_counter()  # it was just drawn
         if not self._listening:
@@ -179,7 +179,7 @@ class LiveView:
         start = time.perf_counter()
         fresh = self.figure()
         for figure_widget in self.figure_widgets:
-            _copy_figure(fresh, figure_widget)
+            update_live_figure(figure_widget, fresh)
         for control in self.controls:
             control.refresh_status()
         self.num_redraws += 1
@@ -235,10 +235,15 @@ class LiveView:
         self._pending_flush = loop.call_later(delay, self.flush)
 
 
-def new_figure_widget(figure: go.Figure) -> go.FigureWidget:
-    """The live widget every view (and the ledger dashboard) draws a figure into; redraws go
-    through `_copy_figure`.  One place to change how live figures are made."""
+def live_figure(figure: go.Figure):
+    """A widget showing `figure`, for every view and the ledger dashboard; redraw it with
+    `update_live_figure`.  One place to change how live figures are made."""
     return go.FigureWidget(figure)
+
+
+def update_live_figure(widget, figure: go.Figure) -> None:
+    """Make a widget from `live_figure` show `figure` (same traces in the same order)."""
+    _copy_figure(figure, widget)
 
 
 def _copy_figure(source: go.Figure, target: go.FigureWidget) -> None:
