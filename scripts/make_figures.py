@@ -16,7 +16,7 @@ each title says which.
     figures/technique_ladder.png        ledger.ladder.run_ladder (and its numbers in
                                         minilm_engine/ledger/measured/ladder_cpu.json)
 
-    python scripts/make_figures.py                      # all five into figures/, about 3 minutes
+    python scripts/make_figures.py                      # all six into figures/, 5-12 minutes
     python scripts/make_figures.py --quick              # smaller sizes, a smoke run (~20 s),
                                                         # written to a temporary folder
     python scripts/make_figures.py --only paged_vs_contiguous --out-dir /tmp/figs
