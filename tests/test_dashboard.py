@@ -42,6 +42,10 @@ def test_toggles_pick_the_rung_of_the_ladder(ladder) -> None:
                 dash.set_technique(r.rung.name, True)
     with pytest.raises(ValueError, match="no technique"):
         dash.set_technique("warp drive", True)
+    with pytest.raises(ValueError, match="first rung"):
+        LedgerDashboard(results[-1:], PRICES)
+    with pytest.raises(TypeError, match="Prices"):
+        LedgerDashboard(results, prices=0.1)
 
 
 def test_books_are_the_ledgers(ladder) -> None:

@@ -68,14 +68,13 @@ class LedgerDashboard:
         llm=None, workload=None, num_seats: int = 8, target_tokens_per_s: float = 10_000.0,
     ):
         self.results = list(results) if results is not None else load_measured_ladder()
-        if not any(r.available for r in self.results):
-            raise ValueError("the ladder has no measured rung")
+        if not self.results or not self.results[0].available:
+            raise ValueError("the ladder's first rung must be measured: every other starts from it")
         if not isinstance(prices, Prices):
             raise TypeError(f"prices must be a ledger.Prices, got {type(prices).__name__}")
         self.prices = prices
         self.target_tokens_per_s = target_tokens_per_s
-        self.workload = workload or ladder_workload(self.results[0].measurement.num_requests
-                                                    if self.results[0].available else 16)
+        self.workload = workload or ladder_workload(self.results[0].measurement.num_requests)
         self.num_seats = num_seats
         # Rung 0 is the starting point; ticking technique k means "rung k is in the pipeline".
         self.enabled = [r.available for r in self.results[1:]]
