@@ -62,7 +62,8 @@ LADDER: tuple[Rung, ...] = (
          {"strategy": "static_batch"}),
     Rung("continuous batching", "a finished request's seat is refilled the next step", CONTINUOUS),
     Rung("+ prefix caching", "the shared system prompt is computed once", PREFIX),
-    Rung("+ quantization", "int8 weights: half the bytes read per step", QUANTIZED),
+    Rung("+ quantization", "int8 weights: a quarter of fp32's bytes read per step (half of bf16's)",
+         QUANTIZED),
     Rung("+ speculative decoding", "the apprentice drafts 3 tokens, the chef checks them at once",
          SPECULATIVE),
 )
