@@ -10,6 +10,8 @@ from minilm_engine.ledger import Ledger, Prices
 from minilm_engine.ledger.ladder import LADDER, Rung, ladder_workload, run_ladder
 from minilm_engine.viz.dashboard import MODES, LedgerDashboard, load_measured_ladder
 
+pytestmark = pytest.mark.slow  # the fixture measures a whole ladder (about 10 s)
+
 
 @pytest.fixture(scope="module")
 def ladder(checkpoints):

@@ -46,6 +46,7 @@ def test_ladder_workload_shares_a_prefix() -> None:
     assert len(set(w.prompts)) > 1 and all(2 <= n <= 10 for n in w.output_lens)
 
 
+@pytest.mark.slow
 def test_run_ladder_measures_available_rungs_and_reports_the_rest(checkpoints) -> None:
     workload = ladder_workload(4, seed=0, shared_prefix="the same opening words " * 3, mix=SHORT)
     rungs = [*LADDER[:5], Rung("+ warp drive", "nothing real", {"warp_drive": True}),
