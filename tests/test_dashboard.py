@@ -72,21 +72,21 @@ def test_the_three_figures(ladder) -> None:
     dash = LedgerDashboard(results, PRICES, workload=workload, num_seats=2)
     pipeline = dash.figure(MODES[0])
     tps, cost, price_line = pipeline.data
-    assert list(tps.x) == [r.rung.name for r in results]
-    for r, y, text in zip(results, tps.y, tps.text):
+    assert list(tps.y) == [r.rung.name for r in results]  # horizontal bars, a rung per row
+    for r, x, text in zip(results, tps.x, tps.text):
         if r.available:
-            assert y == pytest.approx(r.measurement.output_tokens_per_s)
+            assert x == pytest.approx(r.measurement.output_tokens_per_s)
         else:
-            assert y == 0 and text == "not in this version"
-    assert list(price_line.y) == [4.0, 4.0]
+            assert x == 0 and text == "not in this version"
+    assert list(price_line.x) == [4.0, 4.0]
     assert dash.selected.rung.name in pipeline.layout.title.text
     reuse = dash.figure(MODES[1])
     computed, cached, ttft, blocks = reuse.data
-    assert list(computed.x) == [r.rung.name for r in results if r.available]
-    assert computed.y[0] > computed.y[1]  # recomputing costs more tokens than caching
-    assert cached.y[list(cached.x).index("+ prefix caching")] > 0
-    assert list(blocks.x) == ["continuous batching", "+ prefix caching"]  # the paged engine
-    assert blocks.y[1] <= blocks.y[0]  # shared prefix blocks are held once
+    assert list(computed.y) == [r.rung.name for r in results if r.available]
+    assert computed.x[0] > computed.x[1]  # recomputing costs more tokens than caching
+    assert cached.x[list(cached.y).index("+ prefix caching")] > 0
+    assert list(blocks.y) == ["continuous batching", "+ prefix caching"]  # the paged engine
+    assert blocks.x[1] <= blocks.x[0]  # shared prefix blocks are held once
     batching = dash.figure(MODES[2])
     assert "tables turned per minute" in batching.layout.title.text
     assert len(batching.data) == 2  # static and continuous seats
@@ -102,9 +102,9 @@ def test_widget_inputs_redraw_the_books_and_figures(ladder, checkpoints) -> None
     box = dash.widget()
     assert box.children[1].get_title(0) == "1 · pipeline"
     pipeline = dash._figure_widgets[MODES[0]]
-    before = list(pipeline.data[1].y)
+    before = list(pipeline.data[1].x)
     dash._widgets["gpu_cost"].value = 4.0  # twice the price: twice the cost per token
-    after = list(pipeline.data[1].y)
+    after = list(pipeline.data[1].x)
     assert all(a == pytest.approx(2 * b) for a, b in zip(after, before))
     assert PRICES.money(2 * Ledger(dash.selected.measurement, PRICES).blended_cost_per_mtok, 3) \
         in dash._widgets["books"].value
@@ -127,7 +127,7 @@ def test_the_shipped_measured_ladder_loads() -> None:
     assert [r.rung.name for r in results] == [r.name for r in LADDER]
     assert results[0].available and results[0].measurement.provenance.model == "noodle-chef"
     dash = LedgerDashboard(results)
-    assert dash.figure(MODES[0]).data[0].y[dash.selected_index] > 0
+    assert dash.figure(MODES[0]).data[0].x[dash.selected_index] > 0
 
 
 def test_show_static(ladder, capsys) -> None:

@@ -167,77 +167,79 @@ class LedgerDashboard:
             return self._batching_figure()
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
-    def _names_and_colors(self) -> tuple[list[str], list[str]]:
-        names = [r.rung.name for r in self.results]
-        colors = [SELECTED if i == self.selected_index else OTHER if r.available else MISSING
-                  for i, r in enumerate(self.results)]
-        return names, colors
+    def _color(self, result: RungResult) -> str:
+        if result is self.selected:
+            return SELECTED
+        return OTHER if result.available else MISSING
+
+    @staticmethod
+    def _bars(results: list[RungResult], values: list[float], texts: list[str], colors: list[str],
+              name: str) -> go.Bar:
+        """Horizontal bars, one per rung, the rung's name on the y axis (long names stay
+        readable in every renderer, the static PNG one included)."""
+        return go.Bar(y=[r.rung.name for r in results], x=values, orientation="h",
+                      marker_color=colors, text=texts, textposition="outside",
+                      cliponaxis=False, name=name, showlegend=False)
 
     def _pipeline_figure(self) -> go.Figure:
-        names, colors = self._names_and_colors()
-        p = self.prices
-        tps = [r.measurement.output_tokens_per_s if r.available else 0 for r in self.results]
-        costs = [self.books(r).blended_cost_per_mtok if r.available else 0 for r in self.results]
-        labels = [f"{v:,.0f}" if r.available else "not in this version"
-                  for v, r in zip(tps, self.results)]
-        fig = make_subplots(rows=1, cols=2, subplot_titles=(
-            "output tokens/s", f"cost per million output tokens ({p.currency})"))
-        fig.add_trace(go.Bar(x=names, y=tps, marker_color=colors, text=labels,
-                             textposition="outside", name="tokens/s", showlegend=False), 1, 1)
-        fig.add_trace(go.Bar(x=names, y=costs, marker_color=colors,
-                             text=[p.money(c, 3) if c else "n/a" for c in costs],
-                             textposition="outside", name="cost", showlegend=False), 1, 2)
+        p, results = self.prices, self.results
+        colors = [self._color(r) for r in results]
+        tps = [r.measurement.output_tokens_per_s if r.available else 0 for r in results]
+        costs = [self.books(r).blended_cost_per_mtok if r.available else 0 for r in results]
+        fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.12,
+                            subplot_titles=("output tokens/s",
+                                            f"cost per million output tokens ({p.currency})"))
+        fig.add_trace(self._bars(
+            results, tps, [f"{v:,.0f}" if r.available else "not in this version"
+                           for v, r in zip(tps, results)], colors, "tokens/s"), 1, 1)
+        fig.add_trace(self._bars(
+            results, costs, [p.money(c, 3) if r.available else "n/a"
+                             for c, r in zip(costs, results)], colors, "cost"), 1, 2)
         price = p.output_price_per_mtok
-        fig.add_trace(go.Scatter(  # the market price: above it, every token loses money
-            x=[names[0], names[-1]], y=[price or 0, price or 0], mode="lines",
+        names = [r.rung.name for r in results]
+        fig.add_trace(go.Scatter(  # the market price: right of it, every token loses money
+            x=[price or 0, price or 0], y=[names[0], names[-1]], mode="lines",
             line=dict(color="#CF222E", dash="dash"), name="your output price",
             visible=price is not None), 1, 2)
-        r = self.selected
-        first = next(x for x in self.results if x.available).measurement.output_tokens_per_s
+        r, k = self.selected, self.selected_index
         fig.update_layout(
             title=dict(text=(
-                f"Optimization pipeline: {r.rung.name} — {tps[self.selected_index]:,.0f} tokens/s "
-                f"({tps[self.selected_index] / first:.1f}x the first rung), "
-                f"{p.money(costs[self.selected_index], 3)} per Mtok"
+                f"Optimization pipeline: {r.rung.name} — {tps[k]:,.0f} tokens/s "
+                f"({tps[k] / tps[0]:.1f}x the first rung), {p.money(costs[k], 3)} per Mtok"
                 f"<br><sub>{html.escape(r.measurement.provenance.machine)}, model "
                 f"{html.escape(r.measurement.provenance.model)}; gpu cost "
                 f"{p.money(p.gpu_cost_per_hour)}/h at {p.utilization:.0%} utilization</sub>"),
                 x=0.01, font=dict(size=14)),
-            height=460, margin=dict(t=90, b=110), legend=dict(orientation="h", y=1.12, x=1,
-                                                                xanchor="right"),
+            height=420, margin=dict(t=90, l=170, r=60),
+            legend=dict(orientation="h", y=1.12, x=1, xanchor="right"),
             uirevision="pipeline",
         )
-        fig.update_yaxes(rangemode="tozero")
-        fig.update_xaxes(tickangle=-30)
+        fig.update_yaxes(autorange="reversed")  # the first rung on top
+        fig.update_xaxes(rangemode="tozero")
         return fig
 
     def _reuse_figure(self) -> go.Figure:
         shown = [r for r in self.results
                  if r.available and r.measurement.num_computed_tokens is not None]
-        names = [r.rung.name for r in shown]
-        colors = [SELECTED if r is self.selected else OTHER for r in shown]
+        paged = [r for r in shown if r.measurement.peak_kv_blocks is not None]  # counts blocks
+        colors = [self._color(r) for r in shown]
         per_output = [r.measurement.num_computed_tokens / r.measurement.num_output_tokens
                       for r in shown]
         cached = [r.measurement.num_cached_input_tokens for r in shown]
         ttft = [1e3 * (r.measurement.mean_ttft_s or 0) for r in shown]
-        fig = make_subplots(rows=1, cols=4, subplot_titles=(
-            "tokens computed per output token", "prompt tokens from the prefix cache",
-            "mean time to first token (ms)", "peak KV blocks in use"))
-        fig.add_trace(go.Bar(x=names, y=per_output, marker_color=colors, showlegend=False,
-                             text=[f"{v:,.1f}" for v in per_output], textposition="outside",
-                             name="computed"), 1, 1)
-        fig.add_trace(go.Bar(x=names, y=cached, marker_color=colors, showlegend=False,
-                             text=[f"{v:,}" for v in cached], textposition="outside",
-                             name="reused"), 1, 2)
-        fig.add_trace(go.Bar(x=names, y=ttft, marker_color=colors, showlegend=False,
-                             text=[f"{v:,.0f}" for v in ttft], textposition="outside",
-                             name="TTFT"), 1, 3)
-        paged = [r for r in shown if r.measurement.peak_kv_blocks is not None]
-        fig.add_trace(go.Bar(  # only the paged engine counts its blocks
-            x=[r.rung.name for r in paged], y=[r.measurement.peak_kv_blocks for r in paged],
-            marker_color=[SELECTED if r is self.selected else OTHER for r in paged],
-            showlegend=False, text=[str(r.measurement.peak_kv_blocks) for r in paged],
-            textposition="outside", name="KV blocks"), 1, 4)
+        blocks = [r.measurement.peak_kv_blocks for r in paged]
+        fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.3, vertical_spacing=0.22,
+                            subplot_titles=("tokens computed per output token",
+                                            "prompt tokens from the prefix cache",
+                                            "mean time to first token (ms)",
+                                            "peak KV blocks in use (paged engine)"))
+        fig.add_trace(self._bars(shown, per_output, [f"{v:,.1f}" for v in per_output], colors,
+                                 "computed"), 1, 1)
+        fig.add_trace(self._bars(shown, cached, [f"{v:,}" for v in cached], colors, "reused"),
+                      1, 2)
+        fig.add_trace(self._bars(shown, ttft, [f"{v:,.0f}" for v in ttft], colors, "TTFT"), 2, 1)
+        fig.add_trace(self._bars(paged, blocks, [str(v) for v in blocks],
+                                 [self._color(r) for r in paged], "KV blocks"), 2, 2)
         by_name = {r.rung.name: r.measurement for r in shown}
         summary = " · ".join(
             f"{n}: {by_name[n].num_computed_tokens / by_name[n].num_output_tokens:,.1f}"
@@ -247,9 +249,9 @@ class LedgerDashboard:
                             "<br><sub>the broth made once: keys and values kept (KV cache) and "
                             "shared between requests (prefix caching)</sub>",
                        x=0.01, font=dict(size=14)),
-            height=440, margin=dict(t=90, b=110), uirevision="reuse")
-        fig.update_yaxes(rangemode="tozero")
-        fig.update_xaxes(tickangle=-30)
+            height=560, margin=dict(t=90, l=170, r=60), uirevision="reuse")
+        fig.update_yaxes(autorange="reversed")
+        fig.update_xaxes(rangemode="tozero")
         return fig
 
     def tables_per_minute(self) -> dict[str, float]:
