@@ -4,6 +4,7 @@
     engine = llm.engine                     # LLM(..., strategy="continuous")
     viz.show(viz.BatchView(engine))         # batch slots x engine steps
     viz.show(viz.MemoryView(engine))        # the block pool, and the contiguous alternative
+    viz.show(viz.SpecView(engine))          # speculative decoding: drafts accepted / rejected
     viz.LedgerDashboard(results).show()     # a measured technique ladder in three modes (ch. 08)
 
 Contract: every view has `.figure()` (a `plotly.graph_objects.Figure` of the engine as it is now;
@@ -30,6 +31,7 @@ from .memory_view import (
     memory_waste,
     request_memory,
 )
+from .spec_view import SpecCell, SpecView, spec_cells
 
 ShowMode = Literal["widget", "static"]
 STATIC_ENV_VAR = "MINILM_STATIC_FIGURES"
@@ -97,11 +99,14 @@ __all__ = [
     "MemoryWaste",
     "RequestColors",
     "RequestMemory",
+    "SpecCell",
+    "SpecView",
     "batch_cells",
     "block_cells",
     "default_mode",
     "memory_waste",
     "request_memory",
+    "spec_cells",
     "show",
     "static_bundle",
 ]
