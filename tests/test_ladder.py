@@ -10,6 +10,7 @@ from minilm_engine.ledger.ladder import (
     LADDER,
     Rung,
     RungResult,
+    compose,
     engine_arguments,
     ladder_rows,
     ladder_workload,
@@ -25,10 +26,23 @@ def test_the_ladder_is_the_issues_order() -> None:
     assert [r.name for r in LADDER] == [
         "no KV cache", "KV cache", "static batching", "continuous batching", "+ prefix caching",
         "+ quantization", "+ speculative decoding"]
-    # Each rung after continuous batching keeps what the one before it had.
-    for before, after in zip(LADDER[3:], LADDER[4:]):
+    composed = compose(LADDER)
+    # From continuous batching on, each rung keeps what the last runnable one before it had.
+    runnable = [rung for rung, reason in composed[3:] if not reason]
+    for before, after in zip(runnable, runnable[1:]):
         dropped = {k for k, v in before.llm_kwargs.items() if after.llm_kwargs.get(k) != v}
         assert dropped <= {"enable_prefix_caching"}, (before.name, dropped)
+    assert composed[4][0].llm_kwargs == {"strategy": "continuous", "enable_prefix_caching": True}
+
+
+def test_compose_builds_on_the_last_rung_that_can_run() -> None:
+    rungs = [Rung("a", "first", {"strategy": "continuous"}),
+             Rung("b", "missing", {"warp_drive": 9}),
+             Rung("c", "third", {"enable_prefix_caching": False})]
+    (a, ra), (b, rb), (c, rc) = compose(rungs)
+    assert ra == rc == "" and rb.endswith("['warp_drive']")
+    assert c.llm_kwargs == {"strategy": "continuous", "enable_prefix_caching": False}
+    assert "without b: not in this version" in c.adds
 
 
 def test_missing_arguments_follow_the_engine() -> None:

@@ -1,10 +1,12 @@
 """The technique ladder: one workload served by ever better engines, each rung measured.
 
 Contract: a rung is data, a name and the `LLM(...)` arguments that add one technique to the rung
-before it.  `run_ladder(rungs, workload)` builds each rung's engine on this machine, serves the
-same workload with it and returns a `RungResult` per rung: its `Measurement` (throughput,
+before it (`compose` gives each rung its full arguments).  `run_ladder(rungs, workload)` builds
+each rung's engine on this machine, serves the same workload with it and returns a
+`RungResult` per rung: its `Measurement` (throughput,
 latency, with provenance), or, for a rung whose arguments this version of the engine does not
-accept, the reason it was not run.  No number is ever made up for a missing rung.
+accept, the reason it was not run; the rungs after a missing one build on the last rung that
+ran, and say so.  No number is ever made up for a missing rung.
 
     rung                     LLM(...) arguments                      what it adds
     no KV cache              strategy="no_cache"                     (the chef remakes the broth
@@ -40,33 +42,47 @@ BATCHING_STRATEGIES = ("static_batch", "continuous")
 
 @dataclass(frozen=True)
 class Rung:
-    """One configuration of the ladder: `LLM(model, **llm_kwargs)`."""
+    """One step of the ladder: the `LLM(...)` arguments it adds to (or changes in) the rung
+    before it.  `compose` turns the steps into each rung's full arguments."""
 
     name: str
     adds: str  # the technique this rung adds, in a few words
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-CONTINUOUS = {"strategy": "continuous", "enable_prefix_caching": False}
-PREFIX = {"strategy": "continuous", "enable_prefix_caching": True}
-QUANTIZED = {**PREFIX, "quantization": "int8"}
-SPECULATIVE = {
-    **QUANTIZED,
-    "speculative_config": {"model": "noodle-apprentice", "num_speculative_tokens": 3},
-}
-
 LADDER: tuple[Rung, ...] = (
     Rung("no KV cache", "recompute the whole sequence for every token", {"strategy": "no_cache"}),
     Rung("KV cache", "keep keys and values; one request at a time", {"strategy": "kv_cache"}),
     Rung("static batching", "a padded batch runs until its longest request ends",
          {"strategy": "static_batch"}),
-    Rung("continuous batching", "a finished request's seat is refilled the next step", CONTINUOUS),
-    Rung("+ prefix caching", "the shared system prompt is computed once", PREFIX),
+    Rung("continuous batching", "a finished request's seat is refilled the next step",
+         {"strategy": "continuous", "enable_prefix_caching": False}),
+    Rung("+ prefix caching", "the shared system prompt is computed once",
+         {"enable_prefix_caching": True}),
     Rung("+ quantization", "int8 weights: a quarter of fp32's bytes read per step (half of bf16's)",
-         QUANTIZED),
+         {"quantization": "int8"}),
     Rung("+ speculative decoding", "the apprentice drafts 3 tokens, the chef checks them at once",
-         SPECULATIVE),
+         {"speculative_config": {"model": "noodle-apprentice", "num_speculative_tokens": 3}}),
 )
+
+
+def compose(rungs: Sequence[Rung]) -> list[tuple[Rung, str]]:
+    """Each rung with its full `LLM` arguments (the last runnable rung's, updated with its
+    own), and the reason it cannot run ("" when it can).  A rung this version lacks is left
+    out of the ones after it, which say so in their `adds`."""
+    composed, kwargs, skipped = [], {}, []
+    for rung in rungs:
+        missing = sorted(set(rung.llm_kwargs) - engine_arguments())
+        full = {**kwargs, **rung.llm_kwargs}
+        adds = rung.adds + (f" (without {', '.join(skipped)}: not in this version)"
+                            if skipped else "")
+        composed.append((Rung(rung.name, adds, full),
+                         f"not available in this version: LLM has no {missing}" if missing else ""))
+        if missing:
+            skipped.append(rung.name)
+        else:
+            kwargs = full
+    return composed
 
 
 def engine_arguments() -> set[str]:
@@ -114,7 +130,8 @@ def run_rung(
     rung: Rung, workload: Workload, *, model=None, device=None, max_num_seqs: int = 8,
     num_repeats: int = 1, machine: str | None = None, **common: Any,
 ) -> RungResult:
-    """Serve `workload` with the rung's engine (`measure_workload`); keep the fastest of
+    """Serve `workload` with `LLM(model, **rung.llm_kwargs)` (full arguments, see `compose`;
+    `measure_workload`); keep the fastest of
     `num_repeats` runs (on a shared machine, noise only ever adds time).  `common` are extra
     `LLM` arguments for every rung (e.g. num_kv_blocks)."""
     from ..llm import LLM
@@ -191,11 +208,12 @@ def run_ladder(
     max_num_seqs: int = 8, num_repeats: int = 1, machine: str | None = None,
     progress: bool = False, **common: Any,
 ) -> list[RungResult]:
-    """`run_rung` for each rung in order (see the module docstring)."""
+    """`run_rung` for each rung of `compose(rungs)` in order (see the module docstring)."""
     results = []
-    for rung in rungs:
-        result = run_rung(rung, workload, model=model, device=device, max_num_seqs=max_num_seqs,
-                          num_repeats=num_repeats, machine=machine, **common)
+    for rung, reason in compose(rungs):
+        result = RungResult(rung, None, reason) if reason else run_rung(
+            rung, workload, model=model, device=device, max_num_seqs=max_num_seqs,
+            num_repeats=num_repeats, machine=machine, **common)
         if progress:
             m = result.measurement
             print(f"{rung.name:24s} " + (f"{m.output_tokens_per_s:8.1f} output tokens/s"
