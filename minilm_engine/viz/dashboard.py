@@ -92,11 +92,13 @@ class LedgerDashboard:
     @property
     def selected_index(self) -> int:
         """The rung the ticked techniques build: the first rung plus every technique ticked in
-        order, up to the first one not ticked (each rung of the ladder was measured with all
-        the ones before it)."""
+        order, up to the first one not ticked (each rung was measured with all the ones before
+        it that this version has; a rung it lacks is passed over, as `ladder.compose` did)."""
         index = 0
         for k, on in enumerate(self.enabled, start=1):
-            if not on or not self.results[k].available:
+            if not self.results[k].available:
+                continue
+            if not on:
                 break
             index = k
         return index
