@@ -1,4 +1,7 @@
-"""`minilm-engine generate "prompt"`: stream a completion to the terminal and report tokens/s."""
+"""`minilm-engine generate "prompt"`: stream a completion to the terminal and report tokens/s.
+
+Also `minilm-engine serve` (entrypoints/cli.py) and `minilm-engine bench serve` (bench/serve.py).
+"""
 
 from __future__ import annotations
 
@@ -31,11 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="auto")
     gen.add_argument("--threads", type=int, default=None,
                      help="torch threads on a CPU (default: 1 for a small model, torch's choice otherwise)")
+    # Serving: each subcommand sets `run`, which main() calls.
+    from .bench.serve import add_bench_parser
+    from .entrypoints.cli import add_serve_parser
+
+    add_serve_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "run", None) is not None:  # serve, bench serve
+        return args.run(args)
     try:
         params = SamplingParams(
             temperature=args.temperature,

@@ -3,4 +3,6 @@ server (openai/), its Prometheus metrics (metrics.py) and chat templates (chat_t
 
 from .async_engine import AsyncLLMEngine, EngineStats, RequestStream, StreamDelta
 
-__all__ = ["AsyncLLMEngine", "EngineStats", "RequestStream", "StreamDelta"]
+DEFAULT_HOST = "127.0.0.1"  # loopback: reachable from this machine only, unless asked otherwise
+
+__all__ = ["DEFAULT_HOST", "AsyncLLMEngine", "EngineStats", "RequestStream", "StreamDelta"]

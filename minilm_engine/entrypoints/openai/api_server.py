@@ -34,13 +34,12 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...llm import LLM
+from .. import DEFAULT_HOST
 from ..async_engine import AsyncLLMEngine
 from ..chat_template import chat_format_for
 from ..metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from .serving import APIError, OpenAIServing
-
-DEFAULT_HOST = "127.0.0.1"  # loopback: reachable from this machine only, unless asked otherwise
 
 
 def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: str | None = None) -> FastAPI:
