@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -105,6 +106,9 @@ class _Command:
     future: asyncio.Future | None = None
 
 
+_ENGINES_IN_USE: weakref.WeakSet = weakref.WeakSet()  # LLMEngines some AsyncLLMEngine is stepping
+
+
 class AsyncLLMEngine:
     def __init__(self, llm: LLM, on_request_end: Callable[[Request], None] | None = None):
         self.llm = llm
@@ -127,8 +131,9 @@ class AsyncLLMEngine:
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Start the engine thread; deltas are delivered on `loop` (default: the running one)."""
-        if self._thread is not None:
-            raise RuntimeError("the engine loop is already running")
+        if self._thread is not None or self.engine in _ENGINES_IN_USE:
+            raise RuntimeError("this LLM's engine is already being served (one engine thread per engine)")
+        _ENGINES_IN_USE.add(self.engine)
         self._loop = loop or asyncio.get_running_loop()
         self._running = True
         self._thread = threading.Thread(target=self._run, name="minilm-engine-loop", daemon=True)
@@ -142,6 +147,7 @@ class AsyncLLMEngine:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+            _ENGINES_IN_USE.discard(self.engine)
 
     @property
     def is_running(self) -> bool:

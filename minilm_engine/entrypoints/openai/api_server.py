@@ -212,7 +212,7 @@ class ServerThread:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> ServerThread:
-        self._thread = threading.Thread(target=self.server.run, name="minilm-server", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="minilm-server", daemon=True)
         self._thread.start()
         for _ in range(int(timeout / 0.02)):
             if self.server.started:
@@ -221,6 +221,12 @@ class ServerThread:
                 break
             self._thread.join(0.02)
         raise RuntimeError(f"the server did not start on {self.url}")
+
+    def _run(self) -> None:
+        try:
+            self.server.run()
+        except SystemExit:  # uvicorn's way of saying startup failed (logged); start() reports it
+            pass
 
     def stop(self, timeout: float = 30.0) -> None:
         self.server.should_exit = True
