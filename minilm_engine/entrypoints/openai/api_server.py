@@ -145,7 +145,8 @@ async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, 
                 serving.engine.abort(request_id)
 
         return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                          "X-Request-Id": request_id})
     # Not streamed: still abort when the client goes away before the answer is ready.
     answer = asyncio.ensure_future(collector(prepared, request_stream))
     gone = asyncio.ensure_future(_disconnected(raw))
@@ -158,7 +159,7 @@ async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, 
             serving.engine.abort(request_id)
     if answer.cancelled():
         return Response(status_code=499)  # nobody reads it: the client is gone
-    return answer.result()
+    return JSONResponse(answer.result(), headers={"X-Request-Id": request_id})
 
 
 async def _disconnected(raw: Request) -> None:
