@@ -45,6 +45,7 @@ import torch
 from common import add_threads_option, apply_threads_option, hf_generate_static, sync
 
 from minilm_engine import LLM, SamplingParams
+from minilm_engine.attention.backends import ATTENTION_BACKENDS
 from minilm_engine.device import resolve_dtype
 from minilm_engine.experiments.batching import measure_copy_bandwidth, weight_bytes
 from minilm_engine.experiments.launches import decode_tokens_per_s
@@ -254,7 +255,7 @@ def parse_args(argv=None):
     p.add_argument("--kv-memory-fraction", type=float, default=0.3,
                    help="most of the free GPU memory each engine's KV cache may take")
     p.add_argument("--hf-page-size", type=int, default=256, help="tokens per block of transformers' cache")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+    p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
                    help="minilm-engine's attention (auto: Triton on a GPU; on a CPU 'triton' needs "
                         "TRITON_INTERPRET=1, slow)")
     p.add_argument("--enforce-eager", action="store_true",

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         llm = LLM(args.model, device=args.device, dtype=args.dtype, strategy=args.strategy)
-    except (ValueError, TypeError, RuntimeError) as e:
+    except (ValueError, TypeError, RuntimeError, OSError) as e:  # OSError: a bad checkpoint path
         print(f"error: {e}", file=sys.stderr)
         return 2
     if llm.device.type == "cpu":

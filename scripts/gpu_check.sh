@@ -98,7 +98,7 @@ if [[ $HAS_CUDA == 1 ]]; then
     timeout -k 10 90 "$PYTHON" - "$OUT_DIR/kernel_bandwidth.json" <<'KERNEL' 2>&1 | tee "$OUT_DIR/kernel_bandwidth.log"
 import json, sys
 import torch
-from minilm_engine.attention.kernel_stats import measure_decode_bandwidth
+from minilm_engine.experiments.kernel_stats import measure_decode_bandwidth
 from minilm_engine.experiments.batching import measure_copy_bandwidth
 
 copy = measure_copy_bandwidth(num_bytes=1 << 30, device="cuda")

@@ -7,13 +7,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from minilm_engine.kv_cache.block_manager import BlockManager, cdiv
-from minilm_engine.kv_cache.block_pool import BlockPool
+from minilm_engine.kv_cache.block_pool import BlockEventLog, BlockPool
 
 BLOCK_SIZE = 4
 
 
 def make_manager(num_blocks=8, enable_prefix_caching=True):
-    return BlockManager(BlockPool(num_blocks), BLOCK_SIZE, enable_prefix_caching)
+    return BlockManager(BlockPool(num_blocks, observer=BlockEventLog()), BLOCK_SIZE, enable_prefix_caching)
 
 
 def run_prefill(manager, request_id, token_ids):
@@ -55,22 +55,22 @@ def test_decode_grows_the_table_one_block_at_a_time():
 def test_allocate_failure_changes_nothing():
     manager = make_manager(num_blocks=3)
     assert manager.allocate_slots("a", 0, 8)
-    manager.block_pool.drain_events()
+    manager.block_pool.observer.drain()
     before = manager.block_pool.snapshot()
     assert not manager.can_allocate_slots("b", 0, 5)
     assert not manager.allocate_slots("b", 0, 5)
     assert not manager.allocate_slots("a", 8, 5)
     assert manager.block_pool.snapshot() == before
     assert "b" not in manager.block_tables and manager.get_block_table("a") == [0, 1]
-    assert manager.block_pool.drain_events() == []
+    assert manager.block_pool.observer.drain() == []
 
 
 def test_free_is_in_reverse_order_and_unknown_requests_raise():
     manager = make_manager(num_blocks=4)
     manager.allocate_slots("a", 0, 12)
-    manager.block_pool.drain_events()
+    manager.block_pool.observer.drain()
     manager.free("a")
-    freed = [e.block_id for e in manager.block_pool.drain_events() if e.kind == "freed"]
+    freed = [e.block_id for e in manager.block_pool.observer.drain() if e.kind == "freed"]
     assert freed == [2, 1, 0]
     assert manager.block_pool.free_queue_ids() == [3, 2, 1, 0]
     with pytest.raises(KeyError, match="already freed"):
@@ -248,7 +248,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.manager = BlockManager(BlockPool(NUM_BLOCKS), BLOCK_SIZE)
+        self.manager = BlockManager(BlockPool(NUM_BLOCKS, observer=BlockEventLog()), BLOCK_SIZE)
         self.pool = self.manager.block_pool
         self.kv: dict[int, tuple[int, ...]] = {}
         self.requests: dict[str, dict] = {}  # id -> token_ids, num_computed, num_scheduled
@@ -276,15 +276,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
         return num_blocks
 
     def try_allocate(self, request_id, num_computed, num_new, computed_blocks=()):
-        self.pool.drain_events()
+        self.pool.observer.drain()
         before = self.state()
         can = self.manager.can_allocate_slots(request_id, num_computed, num_new, computed_blocks)
         ok = self.manager.allocate_slots(request_id, num_computed, num_new, computed_blocks)
         assert can == ok
         if not ok:
             event("allocate_slots refused")
-            assert self.state() == before and self.pool.drain_events() == []
-        elif any(e.kind == "evicted" for e in self.pool.drain_events()):
+            assert self.state() == before and self.pool.observer.drain() == []
+        elif any(e.kind == "evicted" for e in self.pool.observer.drain()):
             event("eviction")
         return ok
 
@@ -373,9 +373,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         request_id = self.pick(index, lambda r: True)
         table = self.manager.block_tables[request_id]
         expected = [block.block_id for block in reversed(table) if block.ref_cnt == 1]
-        self.pool.drain_events()
+        self.pool.observer.drain()
         self.manager.free(request_id)
-        assert [e.block_id for e in self.pool.drain_events() if e.kind == "freed"] == expected
+        assert [e.block_id for e in self.pool.observer.drain() if e.kind == "freed"] == expected
         del self.requests[request_id]
         with pytest.raises(KeyError):
             self.manager.free(request_id)

@@ -5,11 +5,16 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from minilm_engine.kv_cache.block_pool import BlockEvent, BlockPool, KVCacheBlock, hash_block_tokens
+from minilm_engine.kv_cache.block_pool import BlockEvent, BlockEventLog, BlockPool, KVCacheBlock, hash_block_tokens
 
 
 def ids(blocks):
     return [block.block_id for block in blocks]
+
+
+def observed_pool(num_blocks: int) -> tuple[BlockPool, BlockEventLog]:
+    log = BlockEventLog()
+    return BlockPool(num_blocks, observer=log), log
 
 
 # ---------------------------------------------------------------------- hashing
@@ -42,27 +47,26 @@ def test_new_pool_is_all_free():
 
 
 def test_get_new_blocks_pops_from_the_head():
-    pool = BlockPool(4)
-    blocks = pool.get_new_blocks(3, request_id="a")
+    pool, events = observed_pool(4)
+    blocks = pool.get_new_blocks(3)
     assert ids(blocks) == [0, 1, 2]
     assert all(block.ref_cnt == 1 for block in blocks)
     assert pool.num_free_blocks == 1
     assert pool.usage == 0.75
-    assert pool.drain_events() == [BlockEvent("allocated", i, "a") for i in range(3)]
-    assert pool.drain_events() == []
+    assert events.drain() == [BlockEvent("allocated", i) for i in range(3)]
 
 
 def test_get_new_blocks_failure_changes_nothing():
-    pool = BlockPool(3)
+    pool, events = observed_pool(3)
     pool.get_new_blocks(2)
-    pool.drain_events()
+    events.drain()
     before = (pool.snapshot(), pool.free_queue_ids())
     with pytest.raises(ValueError, match="only 1 of 3 are free"):
         pool.get_new_blocks(2)
     with pytest.raises(ValueError, match=">= 0"):
         pool.get_new_blocks(-1)
     assert (pool.snapshot(), pool.free_queue_ids()) == before
-    assert pool.drain_events() == []
+    assert events.drain() == []
 
 
 def test_free_appends_in_the_order_given_and_eviction_is_lru():
@@ -89,27 +93,27 @@ def test_double_free_raises_and_changes_nothing():
 
 # ---------------------------------------------------------------------- prefix cache
 def test_cache_hit_touch_and_eviction():
-    pool = BlockPool(2)
-    a, b = pool.get_new_blocks(2, request_id="r1")
-    assert pool.cache_full_block(a, 111, request_id="r1")
+    pool, events = observed_pool(2)
+    a, b = pool.get_new_blocks(2)
+    assert pool.cache_full_block(a, 111)
     assert pool.get_cached_block(111) is a
     assert pool.get_cached_block(222) is None
-    pool.free_blocks([a, b], request_id="r1")
+    pool.free_blocks([a, b])
     assert [row["state"] for row in pool.snapshot()] == ["cached_free", "free"]
     assert pool.num_free_blocks == 2  # cached-free blocks count as free
 
     # A hit takes the cached-free block out of the free queue, wherever it sits.
-    pool.touch([pool.get_cached_block(111)], request_id="r2")
+    pool.touch([pool.get_cached_block(111)])
     assert a.ref_cnt == 1 and pool.free_queue_ids() == [1]
-    pool.touch([a], request_id="r3")  # sharing a used block: ref_cnt 2
+    pool.touch([a])  # sharing a used block: ref_cnt 2
     assert a.ref_cnt == 2
     pool.free_blocks([a, a])
 
     # Allocation pops block 1 (free) before block 0 (freed later), then evicts block 0.
-    pool.drain_events()
-    assert ids(pool.get_new_blocks(2, request_id="r4")) == [1, 0]
+    events.drain()
+    assert ids(pool.get_new_blocks(2)) == [1, 0]
     assert a.block_hash is None and pool.get_cached_block(111) is None
-    assert BlockEvent("evicted", 0, "r4") in pool.drain_events()
+    assert events.drain() == [BlockEvent("allocated", 1), BlockEvent("evicted", 0), BlockEvent("allocated", 0)]
 
 
 def test_touching_a_free_uncached_block_raises():
@@ -153,10 +157,17 @@ def test_reset_prefix_cache():
     pool.check_invariants()
 
 
-def test_record_events_off():
-    pool = BlockPool(2, record_events=False)
-    pool.free_blocks(pool.get_new_blocks(2))
-    assert pool.drain_events() == []
+def test_no_observer_builds_no_events(monkeypatch):
+    def no_event(*args, **kwargs):
+        raise AssertionError("a BlockEvent was built with no observer attached")
+
+    monkeypatch.setattr(BlockEvent, "__init__", no_event)
+    pool = BlockPool(2)
+    a, _ = pool.get_new_blocks(2)
+    pool.cache_full_block(a, 7)
+    pool.free_blocks([a])
+    pool.touch([a])
+    pool.reset_prefix_cache()
 
 
 def test_snapshot_rows():
@@ -273,7 +284,6 @@ class BlockPoolMachine(RuleBasedStateMachine):
             for block in group:
                 held[block.block_id] += 1
         assert held == self.ref_cnt
-        self.pool.drain_events()  # keep the log short
 
     def teardown(self):
         for group in self.groups:

@@ -582,12 +582,32 @@ def test_without_a_trace_the_outputs_are_the_same_and_nothing_piles_up(checkpoin
         rid: r.output_token_ids for rid, r in traced.items()
     }
     assert llm.engine.trace.records == [] and llm.engine.num_steps == traced_engine.num_steps
-    assert llm.engine.block_pool.drain_events() == []  # block events are not kept either
+    assert llm.engine.block_pool.observer is None  # block events are not even built
+
+
+def test_without_a_trace_a_step_builds_no_trace_objects(checkpoints, monkeypatch):
+    from minilm_engine.engine.trace import ScheduledChunk, StepRecord
+    from minilm_engine.kv_cache.block_pool import BlockEvent
+
+    llm = make_llm(checkpoints["qwen3"].path, num_kv_blocks=16, max_num_batched_tokens=16, record_trace=False)
+    for cls in (StepRecord, ScheduledChunk, BlockEvent):
+        def built(*args, cls=cls, **kwargs):
+            raise AssertionError(f"a {cls.__name__} was built with record_trace=False")
+
+        monkeypatch.setattr(cls, "__init__", built)
+    # Chunks, decodes, prefix hits and preemption (three requests of up to 10 blocks, 16 blocks).
+    preempted = []
+    preempt = llm.engine.scheduler._preempt
+    monkeypatch.setattr(llm.engine.scheduler, "_preempt", lambda r: (preempted.append(r), preempt(r)))
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outputs = llm.generate(["The Golden Bowl is open every day"] * 3, params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 24 for o in outputs)
+    assert llm.engine.num_steps > 24 and preempted
 
 
 def test_default_pool_holds_max_num_seqs_full_requests_within_the_limit():
     from minilm_engine.engine.config import EngineConfig
-    from minilm_engine.engine.llm_engine import default_num_kv_blocks
+    from minilm_engine.kv_cache.sizing import default_num_kv_blocks
 
     config = EngineConfig(max_num_seqs=4, block_size=16)
     assert default_num_kv_blocks(config, 100, per_block=1000, limit=10**9) == 4 * 7  # 7 blocks of 16 each

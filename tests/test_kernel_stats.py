@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.attention.kernel_stats: byte counts, the random batch, the timer.
+"""Tests for minilm_engine.experiments.kernel_stats (and appendix A1's exercise): byte counts, the random batch, the timer.
 
 The byte counts are checked against the tensors themselves (what a kernel that reads each
 cached key and value once would load); the random batch against the torch reference (its
@@ -19,11 +19,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # conftest.py did it already, earlier
 
-from minilm_engine.attention.kernel_stats import (  # noqa: E402
-    EXERCISE_DTYPES,
+from minilm_engine.attention.paged import paged_attention_reference  # noqa: E402
+from minilm_engine.experiments.kernel_stats import (  # noqa: E402
     decode_arithmetic_intensity,
     decode_kv_bytes,
-    decode_kv_bytes_exercise,
     decode_traffic,
     key_locations,
     measure_decode_bandwidth,
@@ -32,8 +31,8 @@ from minilm_engine.attention.kernel_stats import (  # noqa: E402
     time_decode_kernel,
     with_contiguous_blocks,
 )
-from minilm_engine.kv_cache.paged import paged_attention_reference  # noqa: E402
 from minilm_engine.models.known_configs import known_config  # noqa: E402
+from minilm_engine.teaching.exercises_kernels import EXERCISE_DTYPES, decode_kv_bytes_exercise  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

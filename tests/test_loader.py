@@ -262,8 +262,19 @@ def test_resolve_existing_folder(checkpoints):
     "name", ["no-such-model", "./no/such/folder", "a/b/c", "/definitely/not/here"]
 )
 def test_unknown_path_or_name(name):
-    with pytest.raises(CheckpointError, match="not found"):
+    with pytest.raises(CheckpointError, match="not found") as info:
         resolve_model_path(name)
+    # What transformers users already catch: a missing model is a FileNotFoundError.
+    assert isinstance(info.value, FileNotFoundError)
+
+
+def test_checkpoint_errors_are_os_errors(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    for folder, message in [(tmp_path / "empty", "no config.json"), (tmp_path, "not valid JSON")]:
+        folder.mkdir(exist_ok=True)
+        with pytest.raises(OSError, match=message) as info:
+            read_config(folder)
+        assert isinstance(info.value, CheckpointError) and not isinstance(info.value, FileNotFoundError)
 
 
 def test_file_instead_of_folder(checkpoints):

@@ -12,12 +12,12 @@ from minilm_engine import LLM, SamplingParams
 from minilm_engine.data import SYSTEM_PROMPT, sample_prompts
 from minilm_engine.experiments import memory
 from minilm_engine.kv_cache.block_pool import hash_block_tokens
+from minilm_engine.kv_cache.block_table import slot_mapping
 from minilm_engine.outputs import CompletionOutput, RequestOutput
 from minilm_engine.teaching.exercises_paging import (
     cached_prefix_exercise,
     chain_hashes,
     engine_cached_prefix_blocks,
-    engine_slot_mapping,
     prefill_chunks_exercise,
     slot_mapping_exercise,
 )
@@ -115,9 +115,9 @@ def stub(**_):
 
 
 def test_slot_mapping_reference_follows_the_docstring_picture() -> None:
-    # block_manager.py's picture: block_size 4, table [7, 2, 5], 10 tokens.
-    assert engine_slot_mapping([7, 2, 5], 4, 0, 10) == [28, 29, 30, 31, 8, 9, 10, 11, 20, 21]
-    assert engine_slot_mapping([3], 16, 5, 5) == []
+    # block_table.py's picture: block_size 4, table [7, 2, 5], 10 tokens.
+    assert slot_mapping([7, 2, 5], 4, 0, 10) == [28, 29, 30, 31, 8, 9, 10, 11, 20, 21]
+    assert slot_mapping([3], 16, 5, 5) == []
 
 
 def test_slot_mapping_exercise_accepts_a_correct_answer_and_explains_a_wrong_one() -> None:

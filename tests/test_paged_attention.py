@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.kv_cache.paged: paged attention equals dense causal attention.
+"""Tests for minilm_engine.attention.paged: paged attention equals dense causal attention.
 
 The paged reference must give exactly what plain attention gives on contiguous tensors, whatever
 the blocks look like.  Each random case draws:
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from minilm_engine.attention import attention
-from minilm_engine.kv_cache.paged import (
+from minilm_engine.attention.paged import (
     PagedAttentionMetadata,
     paged_attention_reference,
     write_kv_reference,

@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from minilm_engine.engine.config import EngineConfig
 from minilm_engine.engine.scheduler import Scheduler, SchedulerOutput
 from minilm_engine.kv_cache.block_manager import BlockManager, cdiv
-from minilm_engine.kv_cache.block_pool import BlockPool
+from minilm_engine.kv_cache.block_pool import BlockEventLog, BlockPool
 from minilm_engine.request import Request, RequestStatus
 from minilm_engine.sampling_params import SamplingParams
 
@@ -102,10 +102,14 @@ def test_running_requests_are_scheduled_before_waiting_ones():
     # a's decode token is taken from the budget first; b gets what is left, as a chunk.
     assert [s.request for s in out.scheduled] == [a, b]
     assert num_new(out) == {"a": 1, "b": 4}
-    # (is_prefill reads the request's progress: ask before update_from_output, as the engine does)
     assert [s.is_prefill for s in out.scheduled] == [False, True]
     assert (out.num_decode_tokens, out.num_prefill_tokens) == (1, 4)
     assert [s.completes_sequence for s in out.scheduled] == [True, False]
+    # Decided once, in schedule(): the step running does not change what it was.
+    scheduler.update_from_output(out)
+    assert [s.is_prefill for s in out.scheduled] == [False, True]
+    assert [s.completes_sequence for s in out.scheduled] == [True, False]
+    assert [s.num_computed_tokens for s in out.scheduled] == [3, 0]
 
 
 def test_chunked_prefill_splits_a_long_prompt_across_steps():
@@ -408,7 +412,6 @@ class SchedulerMachine(RuleBasedStateMachine):
         # Running then waiting is arrival order: preemption takes the newest, requeues it first.
         order = [int(r.request_id) for r in running + waiting]
         assert order == sorted(order)
-        self.pool.drain_events()
 
     def teardown(self):
         # From any state, every request finishes: the oldest running request computes at least

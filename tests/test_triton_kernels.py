@@ -41,7 +41,7 @@ from minilm_engine.attention.triton_paged_decode_split import paged_decode_split
 from minilm_engine.attention.triton_paged_prefill import paged_prefill_attention  # noqa: E402
 from minilm_engine.attention.triton_write_kv import write_kv  # noqa: E402
 from minilm_engine.engine.config import EngineConfig  # noqa: E402
-from minilm_engine.kv_cache.paged import paged_attention_reference, write_kv_reference  # noqa: E402
+from minilm_engine.attention.paged import paged_attention_reference, write_kv_reference  # noqa: E402
 from test_paged_attention import PagedSeq, this_step, write_prefix  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

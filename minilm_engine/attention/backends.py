@@ -1,7 +1,7 @@
 """Attention backends: who writes the paged KV cache and who attends over it.
 
 Contract: `get_attention_backend(name, device, dtype)` returns an `AttentionBackend` whose two
-functions have the signatures of the torch reference in `kv_cache/paged.py`:
+functions have the signatures of the torch reference in `paged.py`:
 
     write_kv(k_cache, v_cache, k, v, slot_mapping)   k, v: (N, H_kv, D) into the slots named
     attend(q, k_cache, v_cache, meta) -> (N, H, D)   each sequence over its own cached tokens
@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from ..kv_cache.paged import PagedAttentionMetadata, paged_attention_reference, write_kv_reference
+from .paged import PagedAttentionMetadata, paged_attention_reference, write_kv_reference
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

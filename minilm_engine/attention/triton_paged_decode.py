@@ -1,7 +1,7 @@
 """Triton kernel: paged attention for a decode step (one new query token per sequence).
 
 Contract: `paged_decode_attention(q, k_cache, v_cache, meta)` returns what
-`kv_cache.paged.paged_attention_reference` returns (and is tested against it) when every
+`paged.paged_attention_reference` returns (and is tested against it) when every
 sequence of the step has exactly one query, so that sequence i's query is row i of q:
 
     q (S, H, D)  k_cache, v_cache (num_blocks, block_size, H_kv, D)  ->  out (S, H, D)
@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kv_cache.paged import PagedAttentionMetadata
+from .paged import PagedAttentionMetadata
 
 BLOCK_N = 16  # keys per tile; a fixed size, since the interpreter cannot autotune
 

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kv_cache.paged import PagedAttentionMetadata
+from .paged import PagedAttentionMetadata
 
 PARTITION_SIZE = 128  # tokens per partition (a multiple of BLOCK_N)
 BLOCK_N = 16  # keys per tile, as in the plain decode kernel

@@ -1,7 +1,7 @@
 """Triton kernel: paged attention for prompt chunks that continue after a cached prefix.
 
 Contract: `paged_prefill_attention(q, k_cache, v_cache, meta)` returns what
-`kv_cache.paged.paged_attention_reference` returns (and is tested against it) for any step:
+`paged.paged_attention_reference` returns (and is tested against it) for any step:
 whole prompts, chunks after a cached prefix, and single decode tokens side by side.  Sequence i
 owns rows `query_start_loc[i] : query_start_loc[i + 1]` of q; those T queries are the last T of
 its `context_lens[i] = L` tokens, at positions L - T .. L - 1, and all L keys and values are
@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kv_cache.paged import PagedAttentionMetadata
+from .paged import PagedAttentionMetadata
 
 BLOCK_M = 16  # queries per tile
 BLOCK_N = 16  # keys per tile; fixed sizes, since the interpreter cannot autotune

@@ -1,7 +1,7 @@
 """Triton kernel: write this step's keys and values into the paged KV cache.
 
 Contract: `write_kv(k_cache, v_cache, k, v, slot_mapping)` does exactly what
-`kv_cache.paged.write_kv_reference` does (and is tested against it): token i of the flattened
+`paged.write_kv_reference` does (and is tested against it): token i of the flattened
 step goes to cache slot `slot_mapping[i]`, that is to block `slot // block_size`, row
 `slot % block_size`.  Caches are (num_blocks, block_size, H_kv, D); k and v are (N, H_kv, D) of
 the cache's dtype.  Nothing but the N named slots is touched.

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..attention.backends import ATTENTION_BACKENDS
+
 
 @dataclass
 class EngineConfig:
@@ -46,7 +48,7 @@ class EngineConfig:
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "record_trace"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
+        if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
-                f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}"
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
             )

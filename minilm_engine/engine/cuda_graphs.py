@@ -40,7 +40,9 @@ from __future__ import annotations
 import torch
 
 from ..attention.backends import AttentionBackend
-from ..kv_cache.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from ..attention.paged import PagedAttentionMetadata
+from ..kv_cache.block_table import slot_mapping
+from ..kv_cache.paged import PagedAttention, PagedKVCache
 from ..models import CausalLM
 
 
@@ -75,7 +77,8 @@ class DecodeGraphRunner:
         self.cache = cache
         self.backend = backend
         self.buckets = capture_sizes(max_batch_size)
-        self.pad_slot = cache.scratch_block * cache.block_size
+        # Padding rows write their token (position 0) into the scratch block.
+        (self.pad_slot,) = slot_mapping([cache.scratch_block], cache.block_size, 0, 1)
         n, device = self.buckets[-1], model.device
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)  # (n,)
         self.positions = torch.zeros(n, dtype=torch.long, device=device)  # (n,)

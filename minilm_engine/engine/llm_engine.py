@@ -21,9 +21,11 @@ import torch
 
 from ..attention.backends import get_attention_backend
 from ..inputs import InputProcessor, PromptType
-from ..kv_cache.block_manager import BlockManager, cdiv
+from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool
+from ..kv_cache.block_table import cdiv
 from ..kv_cache.paged import PagedKVCache
+from ..kv_cache.sizing import decide_num_kv_blocks
 from ..models import CausalLM
 from ..outputs import RequestOutput
 from ..request import Request
@@ -31,47 +33,8 @@ from ..sampling_params import SamplingParams
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphRunner
 from .model_runner import ModelRunner
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .trace import ScheduledChunk, StepCallback, StepRecord, StepTrace
-
-CPU_KV_CACHE_LIMIT = 1 << 30  # never reserve more than 1 GiB of KV cache on a CPU by default
-
-
-def decide_num_kv_blocks(config: EngineConfig, model: CausalLM, max_model_len: int) -> int:
-    """Pool size: as asked (`num_kv_blocks`, or `kv_cache_memory` bytes), else the default below."""
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    per_block = PagedKVCache.bytes_per_block(model.config, config.block_size, model.dtype)
-    if config.kv_cache_memory is not None:
-        return max(1, config.kv_cache_memory // per_block)
-    return default_num_kv_blocks(config, max_model_len, per_block, kv_cache_limit(config, model.device))
-
-
-def kv_cache_limit(config: EngineConfig, device: torch.device) -> int:
-    """Most bytes a default pool may take: 1 GiB on a CPU; on a GPU, what is free (after the
-    weights) minus the share of the whole card that `gpu_memory_utilization` leaves alone."""
-    if device.type != "cuda":
-        return CPU_KV_CACHE_LIMIT
-    free, total = torch.cuda.mem_get_info(device)
-    return int(free - (1 - config.gpu_memory_utilization) * total)
-
-
-def default_num_kv_blocks(config: EngineConfig, max_model_len: int, per_block: int, limit: int) -> int:
-    """Room for `max_num_seqs` requests of `max_model_len` tokens, within `limit` bytes.
-
-    Not all the memory there is (vLLM's choice): more blocks than that could only hold prefix
-    cache, and several engines can then share one GPU, as the chapters' side-by-side
-    comparisons do.
-    """
-    if limit < per_block:
-        raise RuntimeError(
-            f"no memory left for a KV cache: {limit / 2**20:.0f} MiB allowed, one block needs "
-            f"{per_block / 2**10:.0f} KiB; free other engines, raise gpu_memory_utilization, "
-            f"or pass num_kv_blocks / kv_cache_memory"
-        )
-    wanted = config.max_num_seqs * cdiv(max_model_len, config.block_size)  # whole blocks each
-    return max(1, min(wanted, limit // per_block))
-
 
 class LLMEngine:
     def __init__(
@@ -91,11 +54,15 @@ class LLMEngine:
                 f"without chunked prefill, max_num_batched_tokens ({self.config.max_num_batched_tokens}) "
                 f"must be >= max_model_len ({self.max_model_len}) so that every prompt fits one step"
             )
-        num_blocks = decide_num_kv_blocks(self.config, model, self.max_model_len)
+        num_blocks = decide_num_kv_blocks(
+            self.config, model.config, model.dtype, model.device, self.max_model_len
+        )
+        self.trace = StepTrace()
         self.block_pool = BlockPool(
             num_blocks,
             enable_caching=self.config.enable_prefix_caching,
-            record_events=self.config.record_trace,  # nobody drains them otherwise
+            # Block events feed the trace; without one, the pool builds none.
+            observer=self.trace.block_log if self.config.record_trace else None,
         )
         self.block_manager = BlockManager(
             self.block_pool, self.config.block_size, self.config.enable_prefix_caching
@@ -110,7 +77,6 @@ class LLMEngine:
             model, self.cache, self.block_manager, self.attention_backend, self._capture_decode_graphs()
         )
         self.requests: dict[str, Request] = {}
-        self.trace = StepTrace()
         self.num_steps = 0
 
     @property
@@ -151,7 +117,7 @@ class LLMEngine:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
         # A request that could not fit the whole pool even alone would be preempted forever.
         worst_case = request.num_prompt_tokens + request.max_new_tokens
-        blocks_needed = -(-worst_case // self.config.block_size)
+        blocks_needed = cdiv(worst_case, self.config.block_size)
         if blocks_needed > self.block_pool.num_blocks:
             raise ValueError(
                 f"request {request.request_id!r} may need {worst_case} tokens of KV cache "
@@ -201,15 +167,6 @@ class LLMEngine:
         for s in sched.scheduled:
             if s.request.metrics.first_scheduled_time is None:
                 s.request.metrics.first_scheduled_time = now
-        chunks = [
-            ScheduledChunk(
-                s.request.request_id,
-                s.num_new_tokens if s.is_prefill else 0,
-                0 if s.is_prefill else s.num_new_tokens,
-                s.num_cached_tokens,
-            )
-            for s in sched.scheduled
-        ]
         tokens = self.runner.execute(sched.scheduled)
         self.scheduler.update_from_output(sched)
 
@@ -226,20 +183,29 @@ class LLMEngine:
             advanced.append(request)
         self.num_steps += 1
         if self.config.record_trace:
-            self._record(start, chunks, sched.preempted, finished)
+            self._record(start, sched, finished)
         return advanced
 
-    def _record(self, start, chunks, preempted, finished) -> None:
+    def _record(self, start: float, sched: SchedulerOutput, finished: list[str]) -> None:
         pool = self.block_pool
+        chunks = [
+            ScheduledChunk(
+                s.request.request_id,
+                s.num_new_tokens if s.is_prefill else 0,
+                0 if s.is_prefill else s.num_new_tokens,
+                s.num_cached_tokens,
+            )
+            for s in sched.scheduled
+        ]
         self.trace.append(
             StepRecord(
                 step=self.num_steps - 1,
                 start_time=start,
                 duration_s=time.perf_counter() - start,
                 chunks=chunks,
-                preempted=[r.request_id for r in preempted],
+                preempted=[r.request_id for r in sched.preempted],
                 finished=finished,
-                block_events=pool.drain_events(),
+                block_events=self.trace.block_log.drain(),
                 num_waiting=len(self.scheduler.waiting),
                 num_running=len(self.scheduler.running),
                 num_blocks=pool.num_blocks,

@@ -19,7 +19,8 @@ import torch
 
 from ..attention.backends import AttentionBackend
 from ..kv_cache.block_manager import BlockManager
-from ..kv_cache.paged import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from ..attention.paged import PagedAttentionMetadata
+from ..kv_cache.paged import PagedAttention, PagedKVCache
 from ..models import CausalLM
 from ..sampler import sample
 from .cuda_graphs import DecodeGraphRunner

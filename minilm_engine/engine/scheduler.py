@@ -27,28 +27,39 @@ from ..request import Request, RequestStatus
 from .config import EngineConfig
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScheduledRequest:
+    """One request's share of a step, decided by `schedule()` and fixed from then on.
+
+    The kind of step is stored, not read later from the request: `update_from_output` moves
+    the request on, and a property computed from live state would then answer differently.
+    """
+
     request: Request
-    num_new_tokens: int  # tokens computed this step, from request.num_computed_tokens on
-    num_cached_tokens: int = 0  # prefix-cache hit, on the request's first step only
+    num_computed_tokens: int  # tokens already in the cache: this step computes the ones after
+    num_new_tokens: int  # tokens computed this step
+    num_cached_tokens: int  # prefix-cache hit, on the request's first step only (else 0)
+    # Decode = computing the one token sampled last step; anything else fills the cache
+    # (a prompt, a chunk of one, or a preempted request's recompute).
+    is_prefill: bool
+    # After this step every known token is computed, so the step samples a new token.
+    completes_sequence: bool
 
-    @property
-    def is_prefill(self) -> bool:
-        """Decode = computing the one token sampled last step; anything else fills the cache
-        (a prompt, a chunk of one, or a preempted request's recompute)."""
-        r = self.request
-        is_decode = (
-            self.num_new_tokens == 1
-            and r.num_computed_tokens == r.num_tokens - 1
-            and len(r.output_token_ids) > 0
-        )
-        return not is_decode
 
-    @property
-    def completes_sequence(self) -> bool:
-        """After this step every known token is computed, so the step samples a new token."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+def schedule_request(request: Request, num_new_tokens: int, num_cached_tokens: int = 0) -> ScheduledRequest:
+    """Decide what computing `num_new_tokens` of `request` is, from where it stands now."""
+    num_computed, num_tokens = request.num_computed_tokens, request.num_tokens
+    is_decode = (
+        num_new_tokens == 1 and num_computed == num_tokens - 1 and len(request.output_token_ids) > 0
+    )
+    return ScheduledRequest(
+        request,
+        num_computed,
+        num_new_tokens,
+        num_cached_tokens,
+        is_prefill=not is_decode,
+        completes_sequence=num_computed + num_new_tokens == num_tokens,
+    )
 
 
 @dataclass
@@ -97,23 +108,23 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = self._num_tokens_to_compute(request, budget)
+            num_computed = request.num_computed_tokens
+            num_new = self._num_tokens_to_compute(request.num_tokens, num_computed, budget)
             if num_new == 0:
                 i += 1
                 continue
             # 2. Make room: preempt from the back (newest) until this request fits.
-            while not self.block_manager.allocate_slots(
-                request.request_id, request.num_computed_tokens, num_new
-            ):
+            while True:
+                if self.block_manager.allocate_slots(request.request_id, num_computed, num_new):
+                    out.scheduled.append(schedule_request(request, num_new))
+                    budget -= num_new
+                    i += 1
+                    break
                 victim = self.running.pop()
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
-                    break
-            else:
-                out.scheduled.append(ScheduledRequest(request, num_new))
-                budget -= num_new
-                i += 1
+                    break  # it was the newest itself: it waits, and the loop ends with it
 
         # 3. Waiting requests, oldest first, while budget, batch slots and blocks allow.
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -121,24 +132,23 @@ class Scheduler:
                 break  # memory is short this step: admitting more would only thrash
             request = self.waiting[0]
             computed_blocks, num_cached = self.block_manager.get_computed_blocks(request.all_token_ids)
-            request.num_computed_tokens = num_cached
-            num_new = self._num_tokens_to_compute(request, budget)
+            num_new = self._num_tokens_to_compute(request.num_tokens, num_cached, budget)
             if num_new == 0 or not self.block_manager.allocate_slots(
                 request.request_id, num_cached, num_new, computed_blocks
             ):
-                request.num_computed_tokens = 0
                 break
             self.waiting.popleft()
             self.running.append(request)
             self.num_prefix_cache_queries += request.num_tokens
             self.num_prefix_cache_hits += num_cached
             request.status = RequestStatus.RUNNING
-            out.scheduled.append(ScheduledRequest(request, num_new, num_cached))
+            request.num_computed_tokens = num_cached  # the prefix hit is in the cache already
+            out.scheduled.append(schedule_request(request, num_new, num_cached))
             budget -= num_new
         return out
 
-    def _num_tokens_to_compute(self, request: Request, budget: int) -> int:
-        remaining = request.num_tokens - request.num_computed_tokens
+    def _num_tokens_to_compute(self, num_tokens: int, num_computed_tokens: int, budget: int) -> int:
+        remaining = num_tokens - num_computed_tokens
         if remaining <= budget:
             return remaining
         # Without chunked prefill a prompt runs whole or waits for a step with room for it.

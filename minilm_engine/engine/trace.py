@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from ..kv_cache.block_pool import BlockEvent
+from ..kv_cache.block_pool import BlockEvent, BlockEventLog
 
 
 @dataclass
@@ -56,9 +56,13 @@ StepCallback = Callable[[StepRecord], None]
 
 
 class StepTrace:
+    """The records so far, the callbacks to call with each new one, and `block_log`, the block
+    pool's observer, holding the block events of the step under way."""
+
     def __init__(self) -> None:
         self.records: list[StepRecord] = []
         self.callbacks: list[StepCallback] = []
+        self.block_log = BlockEventLog()
 
     def append(self, record: StepRecord) -> None:
         self.records.append(record)

@@ -42,12 +42,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from minilm_engine.kv_cache.block_pool import BlockPool, KVCacheBlock, hash_block_tokens
+from .block_pool import BlockPool, KVCacheBlock, hash_block_tokens
+from .block_table import cdiv, slot_mapping
 
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division: how many blocks of size b hold a tokens."""
-    return -(-a // b)
+__all__ = ["BlockManager", "cdiv"]
 
 
 class BlockManager:
@@ -121,10 +119,7 @@ class BlockManager:
         num_new_blocks = self._num_new_blocks_needed(
             request_id, num_computed_tokens, num_new_tokens, computed_blocks
         )
-        # A hit on a cached-free block takes it out of the free queue: it is no longer
-        # available for the new blocks.
-        num_hits_on_free = sum(1 for block in computed_blocks if block.ref_cnt == 0)
-        return num_new_blocks <= self.block_pool.num_free_blocks - num_hits_on_free
+        return self._fits(num_new_blocks, computed_blocks)
 
     def allocate_slots(
         self,
@@ -143,21 +138,24 @@ class BlockManager:
 
         Returns False, and allocates and changes nothing, when the pool is short of blocks.
         """
-        if not self.can_allocate_slots(
-            request_id, num_computed_tokens, num_new_tokens, computed_blocks
-        ):
-            return False
         num_new_blocks = self._num_new_blocks_needed(
             request_id, num_computed_tokens, num_new_tokens, computed_blocks
         )
+        if not self._fits(num_new_blocks, computed_blocks):
+            return False
         if request_id not in self.block_tables:
             # Touch before allocating, so that get_new_blocks cannot evict the hit blocks.
-            self.block_pool.touch(computed_blocks, request_id)
+            self.block_pool.touch(computed_blocks)
             self.block_tables[request_id] = list(computed_blocks)
             self._block_hashes[request_id] = [block.block_hash for block in computed_blocks]
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks, request_id)
-        self.block_tables[request_id].extend(new_blocks)
+        self.block_tables[request_id].extend(self.block_pool.get_new_blocks(num_new_blocks))
         return True
+
+    def _fits(self, num_new_blocks: int, computed_blocks: Sequence[KVCacheBlock]) -> bool:
+        # A hit on a cached-free block takes it out of the free queue: it is no longer
+        # available for the new blocks.
+        num_hits_on_free = sum(1 for block in computed_blocks if block.ref_cnt == 0)
+        return num_new_blocks <= self.block_pool.num_free_blocks - num_hits_on_free
 
     def _num_new_blocks_needed(
         self,
@@ -236,23 +234,19 @@ class BlockManager:
             # We keep the hash in the chain even if the pool refuses to cache this block (caching
             # disabled, or a duplicate): the next block's hash still needs its parent.
             if self.enable_prefix_caching:
-                self.block_pool.cache_full_block(table[i], block_hash, request_id)
+                self.block_pool.cache_full_block(table[i], block_hash)
             block_hashes.append(block_hash)
 
     # ------------------------------------------------------------------ slots
     def slot_mapping(self, request_id: str, start: int, end: int) -> list[int]:
-        """Cache slot of each token position in [start, end): block_id * block_size + offset."""
+        """Cache slot of each token position in [start, end) (`block_table.slot_mapping`)."""
         table = self._table(request_id)
         if not 0 <= start <= end <= len(table) * self.block_size:
             raise ValueError(
                 f"positions [{start}, {end}) out of range: request {request_id!r} has slots for "
                 f"positions [0, {len(table) * self.block_size})"
             )
-        return [
-            table[position // self.block_size].block_id * self.block_size
-            + position % self.block_size
-            for position in range(start, end)
-        ]
+        return slot_mapping([block.block_id for block in table], self.block_size, start, end)
 
     # ------------------------------------------------------------------ freeing
     def free(self, request_id: str) -> None:
@@ -264,7 +258,7 @@ class BlockManager:
         likely to be hit again.
         """
         table = self._table(request_id)
-        self.block_pool.free_blocks(reversed(table), request_id)
+        self.block_pool.free_blocks(reversed(table))
         del self.block_tables[request_id]
         del self._block_hashes[request_id]
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,15 +55,29 @@ class KVCacheBlock:
 
 @dataclass(frozen=True)
 class BlockEvent:
-    """One change to one block, for the memory widgets (`BlockPool.drain_events`).
-
-    `request_id` is the label the caller passed; for "evicted" it is the request whose
-    allocation pushed the old content out.
-    """
+    """One change to one block, as an observer of the pool sees it (the engine's trace)."""
 
     kind: BlockEventKind
     block_id: int
-    request_id: str | None = None
+
+
+# Called with every event, in order.  Without an observer the pool builds no event at all.
+BlockObserver = Callable[[BlockEvent], None]
+
+
+class BlockEventLog:
+    """An observer that keeps a pool's events until `drain()` (the engine's trace uses one)."""
+
+    def __init__(self) -> None:
+        self._events: list[BlockEvent] = []
+
+    def __call__(self, event: BlockEvent) -> None:
+        self._events.append(event)
+
+    def drain(self) -> list[BlockEvent]:
+        """The events since the last call, oldest first; the log starts over."""
+        events, self._events = self._events, []
+        return events
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
@@ -106,19 +120,20 @@ class BlockPool:
     keyed by block id gives us the O(1) removal from the middle that a doubly linked list would.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True, record_events: bool = True):
+    def __init__(
+        self, num_blocks: int, enable_caching: bool = True, observer: BlockObserver | None = None
+    ):
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.record_events = record_events
+        self.observer = observer
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_blocks)]
         # block_id -> block, head first. Initially in id order so the first allocation is 0, 1, ...
         self._free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
             (block.block_id, block) for block in self.blocks
         )
         self.cached_blocks: dict[int, KVCacheBlock] = {}
-        self._events: list[BlockEvent] = []
 
     # ------------------------------------------------------------------ counts
     @property
@@ -146,7 +161,7 @@ class BlockPool:
         return self.num_used_blocks / self.num_blocks
 
     # ------------------------------------------------------------------ allocation
-    def get_new_blocks(self, num_blocks: int, request_id: str | None = None) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take `num_blocks` blocks from the head of the free queue; each comes back with ref_cnt 1.
 
         A popped block that still held a cached prefix loses it (eviction): its KV is about to
@@ -163,23 +178,23 @@ class BlockPool:
         for _ in range(num_blocks):
             _, block = self._free_queue.popitem(last=False)
             if block.block_hash is not None:
-                self._evict(block, request_id)
+                self._evict(block)
             block.ref_cnt = 1
-            self._log("allocated", block, request_id)
+            self._log("allocated", block)
             new_blocks.append(block)
         return new_blocks
 
-    def _evict(self, block: KVCacheBlock, request_id: str | None) -> None:
+    def _evict(self, block: KVCacheBlock) -> None:
         del self.cached_blocks[block.block_hash]
         block.block_hash = None
-        self._log("evicted", block, request_id)
+        self._log("evicted", block)
 
     # ------------------------------------------------------------------ prefix cache
     def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
         """The block holding the prefix named by `block_hash`, used or free; None on a miss."""
         return self.cached_blocks.get(block_hash)
 
-    def touch(self, blocks: Iterable[KVCacheBlock], request_id: str | None = None) -> None:
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Share `blocks` with one more request (a prefix-cache hit): ref_cnt += 1.
 
         A hit on a cached-free block takes it back out of the free queue, so it can no longer be
@@ -196,11 +211,9 @@ class BlockPool:
             if block.ref_cnt == 0:
                 del self._free_queue[block.block_id]
             block.ref_cnt += 1
-            self._log("shared", block, request_id)
+            self._log("shared", block)
 
-    def cache_full_block(
-        self, block: KVCacheBlock, block_hash: int, request_id: str | None = None
-    ) -> bool:
+    def cache_full_block(self, block: KVCacheBlock, block_hash: int) -> bool:
         """Register a full block under `block_hash`; return whether `block` is now the cached one.
 
         If another block already holds this hash (two requests computed the same prefix at the
@@ -222,7 +235,7 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self.cached_blocks[block_hash] = block
-        self._log("cached", block, request_id)
+        self._log("cached", block)
         return True
 
     def reset_prefix_cache(self) -> int:
@@ -232,11 +245,11 @@ class BlockPool:
         """
         num_dropped = len(self.cached_blocks)
         for block in list(self.cached_blocks.values()):
-            self._evict(block, None)
+            self._evict(block)
         return num_dropped
 
     # ------------------------------------------------------------------ freeing
-    def free_blocks(self, blocks: Iterable[KVCacheBlock], request_id: str | None = None) -> None:
+    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference to each block; blocks reaching 0 join the tail of the free queue.
 
         They join in the order given, so the caller chooses which is evicted first
@@ -257,7 +270,7 @@ class BlockPool:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self._free_queue[block.block_id] = block
-                self._log("freed", block, request_id)
+                self._log("freed", block)
 
     # ------------------------------------------------------------------ inspection
     def block_state(self, block: KVCacheBlock) -> BlockState:
@@ -305,11 +318,6 @@ class BlockPool:
             f"{num_used} used + {self.num_free_blocks} free != {self.num_blocks} blocks"
         )
 
-    def drain_events(self) -> list[BlockEvent]:
-        """Return the events since the last call, oldest first, and clear the log."""
-        events, self._events = self._events, []
-        return events
-
-    def _log(self, kind: BlockEventKind, block: KVCacheBlock, request_id: str | None) -> None:
-        if self.record_events:
-            self._events.append(BlockEvent(kind, block.block_id, request_id))
+    def _log(self, kind: BlockEventKind, block: KVCacheBlock) -> None:
+        if self.observer is not None:
+            self.observer(BlockEvent(kind, block.block_id))

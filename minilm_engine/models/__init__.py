@@ -2,11 +2,12 @@
 
 from .config import ModelConfig, UnsupportedModelError
 from .decoder import CausalLM
-from .loader import CheckpointError, load_model, resolve_model_path
+from .loader import CheckpointError, CheckpointNotFoundError, load_model, resolve_model_path
 
 __all__ = [
     "CausalLM",
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ModelConfig",
     "UnsupportedModelError",
     "load_model",

@@ -23,8 +23,15 @@ SHIPPED_MODELS = ("noodle-chef", "noodle-apprentice")
 DEFAULT_MODEL = "noodle-chef"
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint folder or file is missing, corrupt, or does not match its config."""
+class CheckpointError(OSError):
+    """A checkpoint folder or file is missing, corrupt, or does not match its config.
+
+    An `OSError`, as `transformers` raises for a bad checkpoint, so code that catches
+    `OSError` around `from_pretrained` catches ours too.
+    """
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The model names nothing there is: no folder, no shipped model, no hub id."""
 
 
 def resolve_model_path(model: str | Path | None = None) -> Path:
@@ -41,7 +48,7 @@ def resolve_model_path(model: str | Path | None = None) -> Path:
     name = str(model)
     if name.count("/") == 1 and not name.startswith((".", "/", "~")):
         return _download_from_hub(name)
-    raise CheckpointError(
+    raise CheckpointNotFoundError(
         f"model {name!r} not found: it is not a folder, not a shipped model "
         f"({', '.join(SHIPPED_MODELS)}), and not a hub id of the form 'org/name'"
     )
@@ -155,6 +162,7 @@ def _ignorable(name: str, config: ModelConfig) -> bool:
 __all__ = [
     "CHECKPOINTS_DIR",
     "CheckpointError",
+    "CheckpointNotFoundError",
     "DEFAULT_MODEL",
     "SHIPPED_MODELS",
     "UnsupportedModelError",

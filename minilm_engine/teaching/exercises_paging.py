@@ -1,9 +1,9 @@
 """Exercises of chapters 03 and 04: the arithmetic of paged KV memory and of the step budget.
 
-Contract: each exercise's reference runs the engine's own code (`BlockManager.slot_mapping`,
-`BlockManager.get_computed_blocks`, `Scheduler.schedule`) on the case's plain inputs, through a
-small adapter that builds a real `BlockPool` / `BlockManager` / `Scheduler` holding exactly that
-state; `solution()` shows the engine methods themselves.
+Contract: each exercise's reference runs the engine's own code on the case's plain inputs:
+`block_table.slot_mapping` directly, `BlockManager.get_computed_blocks` and `Scheduler.schedule`
+through a small adapter that builds a real `BlockPool` / `BlockManager` / `Scheduler` holding
+exactly that state; `solution()` shows the engine code itself.
 
     slot_mapping_exercise     (03) where does each token's K/V go?  block table -> cache slots
     cached_prefix_exercise    (03) which blocks of a new prompt are cached?  the hash chain
@@ -22,6 +22,7 @@ from ..engine.config import EngineConfig
 from ..engine.scheduler import Scheduler
 from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool, hash_block_tokens
+from ..kv_cache.block_table import slot_mapping
 from ..request import Request
 from ..sampling_params import SamplingParams
 from .exercises import Exercise
@@ -55,14 +56,6 @@ class EngineExercise(Exercise):
 # -- 1. slot mapping ----------------------------------------------------------------------------
 
 
-def engine_slot_mapping(block_table: list[int], block_size: int, start: int, end: int) -> list[int]:
-    """`BlockManager.slot_mapping` for a request whose block table is `block_table`."""
-    pool = BlockPool(max(block_table) + 1, record_events=False)
-    manager = BlockManager(pool, block_size)
-    manager.block_tables["r"] = [pool.blocks[i] for i in block_table]
-    return manager.slot_mapping("r", start, end)
-
-
 def _slot_mapping_case(rng: random.Random) -> dict[str, Any]:
     block_size = rng.choice([1, 2, 4, 8, 16])
     table = rng.sample(range(32), rng.randint(1, 6))
@@ -74,9 +67,9 @@ def _slot_mapping_case(rng: random.Random) -> dict[str, Any]:
 
 slot_mapping_exercise = EngineExercise(
     "slot_mapping",
-    engine_slot_mapping,
+    slot_mapping,
     _slot_mapping_case,
-    (BlockManager.slot_mapping,),
+    (slot_mapping,),
     hint=(
         "Position p lives in the (p // block_size)-th block of the table, at offset "
         "p % block_size inside it; a block with id b starts at slot b * block_size."
@@ -92,7 +85,7 @@ def engine_cached_prefix_blocks(
 ) -> list[int]:
     """`BlockManager.get_computed_blocks` on a pool whose prefix cache maps hash -> block id as
     `cached` says; returns the ids of the blocks hit."""
-    pool = BlockPool(max(cached.values(), default=0) + 1, record_events=False)
+    pool = BlockPool(max(cached.values(), default=0) + 1)
     pool.get_new_blocks(pool.num_blocks)  # every block in use, so none is evicted or reused
     for block_hash, block_id in cached.items():
         pool.cache_full_block(pool.blocks[block_id], block_hash)
@@ -160,7 +153,7 @@ def engine_prefill_chunks(
     )
     # Room for everything the run can hold, so memory never interferes with the budget.
     num_blocks = (num_decoding + 1) * (3 + num_prompt_tokens // block_size)
-    pool = BlockPool(num_blocks, enable_caching=False, record_events=False)
+    pool = BlockPool(num_blocks, enable_caching=False)
     manager = BlockManager(pool, block_size, enable_prefix_caching=False)
     scheduler = Scheduler(config, manager)
     forever = SamplingParams(temperature=0, max_tokens=1 << 20, ignore_eos=True)
@@ -169,7 +162,7 @@ def engine_prefill_chunks(
         out = scheduler.schedule()
         scheduler.update_from_output(out)
         for s in out.scheduled:
-            if s.request.num_computed_tokens == s.request.num_tokens:  # sampled a token
+            if s.completes_sequence:  # sampled a token
                 s.request.append_output_token(0, "")
         return {s.request.request_id: s.num_new_tokens for s in out.scheduled}
 

@@ -1,9 +1,9 @@
 """What the paged decode kernel must read, and how fast it reads it.
 
-Contract: plain arithmetic and a few measuring helpers around `triton_paged_decode` (appendix
-A1).  Nothing here imports triton at module level: the kernels are imported inside the
-functions that run them, so a caller can still switch on the interpreter (TRITON_INTERPRET=1)
-before triton is first imported.
+Contract: plain arithmetic and a few measuring helpers around `attention/triton_paged_decode`
+(appendix A1; its exercise is in `teaching/exercises_kernels.py`).  Nothing here imports triton
+at module level: the kernels are imported inside the functions that run them, so a caller can
+still switch on the interpreter (TRITON_INTERPRET=1) before triton is first imported.
 
     decode_kv_bytes(num_seqs, context_len, num_kv_heads, head_dim, dtype)
         bytes of K and V one decode step reads in one layer: each (sequence, K/V head) program
@@ -16,7 +16,6 @@ before triton is first imported.
     with_contiguous_blocks(batch)               the same step, blocks renumbered in token order
     time_decode_kernel(batch)                   seconds per kernel call (do_bench on a GPU)
     measure_decode_bandwidth(...)               achieved bytes/s of the kernel (meant for a GPU)
-    decode_kv_bytes_exercise                    appendix A1's exercise (reference: decode_kv_bytes)
 
 A decode step is memory-bound: per key position and K/V head the kernel loads 2 * D numbers
 (a key and a value) and does 4 * G * D FLOPs with them (G query heads, q.k and p*v), so it does
@@ -36,8 +35,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..kv_cache.paged import PagedAttentionMetadata
-from ..teaching.exercises import Exercise
+from ..attention.paged import PagedAttentionMetadata
+from ..kv_cache.block_table import cdiv, slot_mapping
 
 # -- byte counts ---------------------------------------------------------------------------
 
@@ -180,7 +179,7 @@ def random_paged_batch(
     rng = random.Random(seed)
     # Drawn on the target device, in the target dtype: a GPU batch can hold gigabytes of K/V.
     gen = torch.Generator(device=device).manual_seed(seed)
-    blocks_needed = [-(-n // block_size) for n in context_lens]
+    blocks_needed = [cdiv(n, block_size) for n in context_lens]
     num_blocks = sum(blocks_needed) + num_spare_blocks
     ids = rng.sample(range(num_blocks), num_blocks)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
@@ -195,8 +194,7 @@ def random_paged_batch(
         for j, block in enumerate(table):  # the whole blocks, then the last one's real rows
             rows = min(block_size, context_len - j * block_size)
             owned[block * block_size : block * block_size + rows] = True
-        last = context_len - 1
-        slots.append(table[last // block_size] * block_size + last % block_size)
+        slots += slot_mapping(table, block_size, context_len - 1, context_len)  # the new token's
     unowned = ~owned.view(num_blocks, block_size).to(device)
     k_cache[unowned] = float("nan")
     v_cache[unowned] = float("nan")
@@ -235,7 +233,7 @@ def time_decode_kernel(batch: PagedBatch, num_repeats: int = 20) -> float:
     cleared before each, so K/V come from memory (`num_repeats` is not used there); elsewhere,
     wall-clock medians of `num_repeats` calls.
     """
-    from .triton_paged_decode import paged_decode_attention
+    from ..attention.triton_paged_decode import paged_decode_attention
 
     def run():
         return paged_decode_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta)
@@ -286,29 +284,3 @@ def measure_decode_bandwidth(
         results.append(DecodeBandwidth(context_len, num_seqs, batch.traffic().read_bytes, seconds))
         del batch
     return results
-
-
-# -- the exercise --------------------------------------------------------------------------
-
-EXERCISE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)
-
-
-def _decode_bytes_case(rng: random.Random) -> dict:
-    return {
-        "num_seqs": rng.randint(1, 256),
-        "context_len": rng.randint(1, 32768),
-        "num_kv_heads": rng.choice([1, 2, 4, 8]),
-        "head_dim": rng.choice([64, 128, 256]),
-        "dtype": rng.choice(EXERCISE_DTYPES),
-    }
-
-
-decode_kv_bytes_exercise = Exercise(
-    "decode_kv_bytes",
-    decode_kv_bytes,
-    _decode_bytes_case,
-    hint=(
-        "Each (sequence, K/V head) program reads context_len keys and context_len values of "
-        "head_dim elements; dtype.itemsize gives the bytes of one element."
-    ),
-)
