@@ -112,8 +112,10 @@ _ENGINES_IN_USE: weakref.WeakSet = weakref.WeakSet()  # LLMEngines some AsyncLLM
 class AsyncLLMEngine:
     def __init__(self, llm: LLM, on_request_end: Callable[[Request], None] | None = None):
         self.llm = llm
-        # Called on the engine thread when a request finishes or is aborted (server metrics).
+        # Called on the engine thread when a request finishes or is aborted (server metrics),
+        # and when one enters the engine (a timeline of requests, viz.ServingView).
         self.on_request_end = on_request_end
+        self.on_request_added: Callable[[Request], None] | None = None
         self.engine = llm.engine  # raises for a strategy without a step-wise engine
         self.stats = EngineStats(num_blocks=self.engine.block_pool.num_blocks)
         self.model_name = str(llm.model_path.name)
@@ -216,6 +218,8 @@ class AsyncLLMEngine:
             return
         self._tracked[command.request_id] = _Tracked(command.request, command.stream)
         self._deliver(_settle, (command.future, None))
+        if self.on_request_added is not None:
+            self.on_request_added(command.request)
         self._refresh_stats()
 
     def _abort(self, request_id: str) -> None:
