@@ -218,9 +218,13 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest],
 
 def run_benchmark(config: BenchConfig, requests: list[BenchRequest],
                   on_result: Callable[[RequestResult], None] | None = None, progress: bool = True) -> BenchResult:
-    """`run_benchmark_async` from synchronous code, also where an event loop already runs (a
-    notebook): then it runs on a thread of its own."""
-    coroutine = run_benchmark_async(config, requests, on_result, progress)
+    """`run_benchmark_async` from synchronous code (see `run_sync`)."""
+    return run_sync(run_benchmark_async(config, requests, on_result, progress))
+
+
+def run_sync(coroutine):
+    """Run a coroutine to completion from synchronous code, also where an event loop already
+    runs (a notebook): then it runs on a thread of its own."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:

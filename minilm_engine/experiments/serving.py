@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 
 from ..bench.datasets import noodle_requests
 from ..bench.metrics import RequestResult, summarize
-from ..bench.serve import BenchConfig, BenchResult, run_benchmark, run_benchmark_async, send_request
+from ..bench.serve import BenchConfig, BenchResult, run_benchmark, run_benchmark_async, run_sync, send_request
 from ..entrypoints.openai import ServerThread
 from ..llm import LLM
 
@@ -120,7 +120,7 @@ def latency_under_load(server: ServerThread, background_rates: list[float], num_
             probe_results = await probe_user()
             return probe_results, await bg_task
 
-        probe_results, bg = asyncio.run(both())
+        probe_results, bg = run_sync(both())
         m = summarize(probe_results, sum((r.e2e_latency or 0) for r in probe_results) or 1.0)
         rows.append({"background req/s": rate,
                      "background achieved req/s": bg.metrics.request_throughput if bg else 0.0,
