@@ -107,3 +107,26 @@ def test_catalogue_is_long_enough_and_the_server_still_answers(server):
     assert httpx.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
     assert server.engine.step_error is None
     assert server.engine.engine.block_pool.num_used_blocks == 0
+
+
+def test_a_failing_engine_step_is_a_500_and_the_server_recovers(monkeypatch):
+    llm = LLM(MODEL, device="cpu", record_trace=False)
+    with ServerThread(llm) as server:
+        real_step = llm.engine.step_requests
+        calls = {"n": 0}
+
+        def flaky_step():
+            calls["n"] += 1
+            if calls["n"] <= 2:
+                raise RuntimeError("simulated device failure")
+            return real_step()
+
+        monkeypatch.setattr(llm.engine, "step_requests", flaky_step)
+        broken = httpx.post(server.url + "/v1/completions", json=GOOD)
+        assert broken.status_code == 500
+        assert broken.json()["error"]["code"] == "engine_error"
+        assert "simulated device failure" in broken.json()["error"]["message"]
+        streamed = httpx.post(server.url + "/v1/completions", json={**GOOD, "stream": True}).text
+        assert '"engine_error"' in streamed and "simulated device failure" in streamed
+        assert server.engine.engine.block_pool.num_used_blocks == 0  # the failed requests were aborted
+        assert httpx.post(server.url + "/v1/completions", json=GOOD).json()["usage"]["completion_tokens"] == 4

@@ -39,7 +39,7 @@ from ..async_engine import AsyncLLMEngine
 from ..chat_template import chat_format_for
 from ..metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from .serving import APIError, OpenAIServing
+from .serving import APIError, OpenAIServing, sse
 
 
 def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: str | None = None) -> FastAPI:
@@ -71,6 +71,10 @@ def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: st
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError):
         return _error(e)
+
+    @app.exception_handler(RuntimeError)
+    async def engine_error(_: Request, e: RuntimeError):  # a failed engine step (the server lives on)
+        return _error(APIError(500, str(e), None, "engine_error", type="server_error"))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
@@ -141,6 +145,8 @@ async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, 
             try:
                 async for line in streamer(prepared, request_stream):
                     yield line
+            except RuntimeError as e:  # the engine step failed: say so in the stream, then end it
+                yield sse(APIError(500, str(e), None, "engine_error", type="server_error").body())
             finally:  # finished: ignored; the client left (cancelled here): freed at once
                 serving.engine.abort(request_id)
 
