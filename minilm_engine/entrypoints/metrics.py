@@ -44,25 +44,22 @@ class _EngineCollector:
         stats = self.engine.stats
         names = list(self.labels)
         values = list(self.labels.values())
-        gauges = [
-            ("num_requests_running", "Requests in the running batch.", stats.num_running),
-            ("num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
-            ("kv_cache_usage_perc", "KV-cache usage: 1 means all blocks are in use.", stats.kv_cache_usage),
-            ("num_kv_blocks_used", "KV blocks held by requests.", stats.num_used_blocks),
-            ("num_kv_blocks_total", "KV blocks in the pool.", stats.num_blocks),
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        metrics = [
+            (gauge, "num_requests_running", "Requests in the running batch.", stats.num_running),
+            (gauge, "num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
+            (gauge, "kv_cache_usage_perc", "KV-cache usage: 1 means all blocks are in use.", stats.kv_cache_usage),
+            (gauge, "num_kv_blocks_used", "KV blocks held by requests.", stats.num_used_blocks),
+            (gauge, "num_kv_blocks_total", "KV blocks in the pool.", stats.num_blocks),
+            (counter, "num_preemptions", "Requests preempted (their KV freed, recomputed later).",
+             stats.num_preemptions),
+            (counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+             stats.num_prefix_cache_queries),
+            (counter, "prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.num_prefix_cache_hits),
+            (counter, "num_aborted_requests", "Requests aborted (client disconnects, shutdown).", stats.num_aborted),
         ]
-        for name, doc, value in gauges:
-            family = GaugeMetricFamily(PREFIX + name, doc, labels=names)
-            family.add_metric(values, value)
-            yield family
-        counters = [
-            ("num_preemptions", "Requests preempted (their KV freed, recomputed later).", stats.num_preemptions),
-            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.num_prefix_cache_queries),
-            ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.num_prefix_cache_hits),
-            ("num_aborted_requests", "Requests aborted (client disconnects, shutdown).", stats.num_aborted),
-        ]
-        for name, doc, value in counters:
-            family = CounterMetricFamily(PREFIX + name, doc, labels=names)
+        for kind, name, doc, value in metrics:
+            family = kind(PREFIX + name, doc, labels=names)
             family.add_metric(values, value)
             yield family
 

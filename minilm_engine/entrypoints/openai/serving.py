@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ...request import Request
-from ..async_engine import AsyncLLMEngine, RequestStream
+from ..async_engine import AsyncLLMEngine, RequestStream, StreamDelta
 from ..chat_template import ChatFormat, render_chat
 from .protocol import (
     ChatChoice,
@@ -163,10 +163,7 @@ class OpenAIServing:
             ).model_dump(exclude={"usage"})
             yield sse(chunk)
         if prepared.include_usage and last is not None:
-            yield sse(CompletionResponse(
-                id=request_id, model=model, choices=[],
-                usage=Usage.of(last.num_prompt_tokens, last.num_output_tokens),
-            ).model_dump())
+            yield _usage_event(CompletionResponse, request_id, model, last)
         yield sse("[DONE]")
 
     async def stream_chat(self, prepared: Prepared, stream: RequestStream) -> AsyncIterator[str]:
@@ -187,11 +184,14 @@ class OpenAIServing:
             if delta.finished:
                 yield chunk(ChatDelta(), delta.finish_reason)
         if prepared.include_usage and last is not None:
-            yield sse(ChatCompletionChunk(
-                id=request_id, model=model, choices=[],
-                usage=Usage.of(last.num_prompt_tokens, last.num_output_tokens),
-            ).model_dump())
+            yield _usage_event(ChatCompletionChunk, request_id, model, last)
         yield sse("[DONE]")
+
+
+def _usage_event(chunk_class, request_id: str, model: str, last: StreamDelta) -> str:
+    """The last event of a stream asked with stream_options.include_usage: no choices, usage."""
+    return sse(chunk_class(id=request_id, model=model, choices=[],
+                           usage=Usage.of(last.num_prompt_tokens, last.num_output_tokens)).model_dump())
 
 
 def _param_named_in(message: str) -> str | None:
