@@ -12,6 +12,7 @@ import pytest
 
 from minilm_engine.bench.datasets import noodle_requests
 from minilm_engine.bench.serve import BenchConfig, run_benchmark
+from minilm_engine.engine.config import EngineConfig
 from minilm_engine.experiments import serving
 from minilm_engine.teaching.exercises_serving import make_case, reference_tail_and_goodput, tail_and_goodput_exercise
 from minilm_engine.viz.serving_view import ServingView, occupancy, request_spans
@@ -108,3 +109,14 @@ def test_exercise_checker_explains_and_never_crashes():
                   lambda **k: (float(np.mean([f - s for s, f in zip(k["sent"], k["first_token"])])), 0.0)):
         verdict = tail_and_goodput_exercise.check(wrong)
         assert not verdict.passed and "tail_and_goodput" in verdict.message
+
+
+@pytest.mark.skipif("speculative_config" not in EngineConfig.__dataclass_fields__,
+                    reason="speculative decoding (#9) is not in this checkout yet")
+def test_speculation_at_load_runs_both_configurations_under_both_loads():
+    table = serving.speculation_at_load("noodle-apprentice", "cpu", {"model": "noodle-apprentice",
+                                        "num_speculative_tokens": 2}, num_requests=3, output_len=4,
+                                        busy_concurrency=3)
+    assert list(table["speculation"]) == ["off", "off", "on (K=2)", "on (K=2)"]
+    assert list(table["load"]) == ["one user", "3 users"] * 2
+    assert (table["output tok/s"] > 0).all() and (table["TPOT p50 ms"] > 0).all()

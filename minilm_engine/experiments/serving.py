@@ -8,6 +8,7 @@ pandas tables (one row per configuration) that the figures below draw.
     max_num_seqs_dial     one closed-loop load, batch limit 1 ... N    -> tokens/s vs latency each
     latency_under_load    one user's requests while background traffic grows
     streaming_vs_not      when the user first sees text: TTFT (streamed) or the whole answer
+    speculation_at_load   speculative decoding on and off, for one user alone and under load
 """
 
 from __future__ import annotations
@@ -156,6 +157,28 @@ def streaming_vs_not(server: ServerThread, rate: float, num_requests: int = 24, 
         rows.append({"mode": "streamed" if stream else "whole answer", "first text p50 ms": m.ttft_ms.median,
                      "first text p99 ms": m.ttft_ms.p99, "last text p50 ms": m.e2el_ms.median,
                      "output tok/s": m.output_throughput})
+    return pd.DataFrame(rows)
+
+
+def speculation_at_load(model: str | None, device: str | None, speculative_config: dict, num_requests: int = 16,
+                        output_len: int = 32, busy_concurrency: int = 16, seed: int = 0) -> pd.DataFrame:
+    """Speculative decoding off and on (a fresh server each), measured for one user alone (one
+    request at a time) and for a busy server (`busy_concurrency` clients in a closed loop).
+    TPOT, not ITL, compares them: a speculative step can stream several tokens in one chunk."""
+    requests = noodle_requests(num_requests, output_len=output_len, seed=seed)
+    rows = []
+    for label, engine_args in (("off", {}), (f"on (K={speculative_config['num_speculative_tokens']})",
+                                             {"speculative_config": speculative_config})):
+        server = start_server(model, device, max_num_seqs=max(16, busy_concurrency), **engine_args)
+        try:
+            config = BenchConfig(base_url=server.url, model=model_name(server), ignore_eos=True, seed=seed)
+            run_benchmark(replace(config, max_concurrency=1), requests[:1], progress=False)  # warm up
+            for load, concurrency in (("one user", 1), (f"{busy_concurrency} users", busy_concurrency)):
+                m = run_benchmark(replace(config, max_concurrency=concurrency), requests, progress=False).metrics
+                rows.append({"speculation": label, "load": load, "TPOT p50 ms": m.tpot_ms.median,
+                             "E2E p50 ms": m.e2el_ms.median, "output tok/s": m.output_throughput})
+        finally:
+            server.stop()
     return pd.DataFrame(rows)
 
 
