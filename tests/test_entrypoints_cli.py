@@ -22,6 +22,14 @@ def test_bad_arguments_exit_2_with_the_reason(capsys, extra, message):
     assert message in capsys.readouterr().err
 
 
+def test_speculative_config_must_be_a_json_object(capsys):
+    for bad in ("{nope", "[1]"):
+        with pytest.raises(SystemExit) as e:
+            main(["serve", "--speculative-config", bad])
+        assert e.value.code == 2
+        assert "--speculative-config" in capsys.readouterr().err
+
+
 def test_serve_process_answers_then_stops_on_ctrl_c():
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
