@@ -120,3 +120,14 @@ def test_speculation_at_load_runs_both_configurations_under_both_loads():
     assert list(table["speculation"]) == ["off", "off", "on (K=2)", "on (K=2)"]
     assert list(table["load"]) == ["one user", "3 users"] * 2
     assert (table["output tok/s"] > 0).all() and (table["TPOT p50 ms"] > 0).all()
+
+
+def test_serving_view_live_mode_redraws_while_the_load_runs(server, capsys):
+    view = ServingView().follow(server.engine)
+    config = BenchConfig(base_url=server.url, model="noodle-apprentice", ignore_eos=True, request_rate=20.0)
+    result = view.watch(lambda: run_benchmark(config, noodle_requests(6, output_len=3), progress=False),
+                        interval_s=0.05, mode="widget")
+    assert result.metrics.num_completed == 6 and len(view.requests) == 6
+    assert "FigureWidget" in capsys.readouterr().out  # displayed (as text, with no frontend here)
+    with pytest.raises(ZeroDivisionError):  # the load's own error comes back to the caller
+        view.watch(lambda: 1 / 0, mode="static")
