@@ -194,3 +194,14 @@ def test_readme_python_example_works(server, capsys):
     (code,) = [block for block in re.findall(r"```python\n(.*?)```", section, flags=re.S) if "openai" in block]
     exec(compile(code.replace("http://127.0.0.1:8000", server.url), "README", "exec"), {})
     assert capsys.readouterr().out.strip()
+
+
+def test_served_model_names_are_what_clients_use():
+    llm = LLM("noodle-apprentice", device="cpu", record_trace=False)
+    with ServerThread(llm, served_model_names=["waiter", "noodle-apprentice"]) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["waiter", "noodle-apprentice"]
+        for name in ("waiter", "noodle-apprentice"):
+            assert client.completions.create(model=name, prompt="Hi", max_tokens=2).model == name
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="noodle-chef", prompt="Hi", max_tokens=2)
