@@ -29,11 +29,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    gen.add_argument("--strategy", default="kv_cache", choices=sorted(STRATEGIES))
+    gen.add_argument("--strategy", default=None, choices=sorted(STRATEGIES),
+                     help="default: kv_cache, or continuous with a speculative model")
     gen.add_argument("--device", default=None)
     gen.add_argument("--dtype", default="auto")
     gen.add_argument("--threads", type=int, default=None,
                      help="torch threads on a CPU (default: 1 for a small model, torch's choice otherwise)")
+    gen.add_argument("--speculative-model", default=None,
+                     help="draft model for speculative decoding: folder, hub id or noodle-apprentice")
+    gen.add_argument("--num-speculative-tokens", type=int, default=None,
+                     help="tokens the draft proposes per step (with --speculative-model; 0 = off)")
     # Serving: each subcommand sets `run`, which main() calls.
     from .bench.serve import add_bench_parser
     from .entrypoints.cli import add_serve_parser
@@ -41,6 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_bench_parser(sub)
     return parser
+
+
+def speculative_config(args: argparse.Namespace) -> dict | None:
+    """--speculative-model and --num-speculative-tokens -> LLM's speculative_config (or None)."""
+    if args.speculative_model is None:
+        if args.num_speculative_tokens:
+            raise ValueError("--num-speculative-tokens needs --speculative-model (the draft model)")
+        return None
+    if args.num_speculative_tokens is None:
+        raise ValueError("--speculative-model needs --num-speculative-tokens K (tokens drafted per step, e.g. 3)")
+    return {"model": args.speculative_model, "num_speculative_tokens": args.num_speculative_tokens}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, strategy=args.strategy)
+        spec = speculative_config(args)
+        strategy = args.strategy or ("continuous" if spec else "kv_cache")
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, strategy=strategy, speculative_config=spec)
     except (ValueError, TypeError, RuntimeError, OSError) as e:  # OSError: a bad checkpoint path
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -80,6 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         f"finish_reason={request.finish_reason}]",
         file=sys.stderr,
     )
+    stats = request.metrics.spec_decoding
+    if stats is not None and stats.num_drafts:
+        print(
+            f"[speculative decoding: {stats.num_accepted_tokens} of {stats.num_draft_tokens} drafted "
+            f"tokens accepted, {stats.mean_acceptance_length:.2f} tokens per target forward]",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -38,7 +38,10 @@ class LLM:
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization, enable_prefix_caching,
             enable_chunked_prefill, attention_backend ("auto", "torch", "triton"), enforce_eager
             (True: no CUDA graphs for decode steps; they are captured on CUDA with Triton),
-            record_trace (False: keep no per-step records in `llm.engine.trace`).
+            record_trace (False: keep no per-step records in `llm.engine.trace`),
+            speculative_config ({"model": DRAFT, "num_speculative_tokens": K}: a draft model
+            proposes K tokens per step and the target verifies them in one forward; DRAFT is a
+            folder, a hub id or "noodle-apprentice").
     """
 
     def __init__(
@@ -60,6 +63,10 @@ class LLM:
         if unknown:
             raise TypeError(f"unknown LLM arguments {unknown}; engine arguments are {sorted(known)}")
         engine_config = EngineConfig(**engine_args)
+        if engine_config.speculative_config is not None and strategy != "continuous":
+            raise ValueError(
+                f"speculative decoding runs in the continuous engine; strategy={strategy!r} cannot use it"
+            )
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.device = resolve_device(device)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .spec_decode.metrics import SpecDecodingStats
+
 
 @dataclass
 class RequestMetrics:
@@ -14,6 +16,8 @@ class RequestMetrics:
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     finished_time: float | None = None
+    # Speculative decoding only: rounds, drafted and accepted tokens (vLLM's names).
+    spec_decoding: SpecDecodingStats | None = None
 
     @property
     def ttft(self) -> float | None:

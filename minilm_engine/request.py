@@ -56,6 +56,9 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose keys/values are in the cache (paged engine)
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
     detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer, repr=False)
+    # Speculative decoding: the draft's proposals for this step, verified by the target in the
+    # same forward as the request's last token (empty without speculation), and the counters.
+    spec_token_ids: list[int] = field(default_factory=list)
     # True: output_text follows every token (streaming).  False: decoded once when the request
     # ends (`LLM.generate`, which returns only finished outputs), unless stop strings need it.
     incremental_text: bool = True
@@ -130,11 +133,16 @@ class Request:
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
 
+    def is_stop_token(self, token_id: int) -> bool:
+        """Whether this token would end the request (a stop token id, or EOS unless ignored)."""
+        params = self.sampling_params
+        return token_id in params.stop_token_ids or (
+            not params.ignore_eos and token_id in self.eos_token_ids
+        )
+
     def _check_stop(self) -> None:
         params, token = self.sampling_params, self.output_token_ids[-1]
-        if token in params.stop_token_ids or (
-            not params.ignore_eos and token in self.eos_token_ids
-        ):
+        if self.is_stop_token(token):
             self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, token
             return
         for stop in params.stop_strings:

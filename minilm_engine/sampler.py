@@ -30,6 +30,12 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.T
     return logits
 
 
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits: (V,) -> the distribution a sampling request draws from: temperature, then
+    top-k, then top-p, then softmax.  (Speculative decoding applies it to both models.)"""
+    return torch.softmax(apply_top_k_top_p(logits / params.temperature, params.top_k, params.top_p), dim=-1)
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
@@ -40,7 +46,5 @@ def sample(
     for row, (p, gen) in enumerate(zip(params, generators)):
         if p.greedy:
             continue
-        row_logits = apply_top_k_top_p(logits[row] / p.temperature, p.top_k, p.top_p)
-        probs = torch.softmax(row_logits, dim=-1)
-        next_tokens[row] = torch.multinomial(probs, 1, generator=gen)[0]
+        next_tokens[row] = torch.multinomial(sampling_probs(logits[row], p), 1, generator=gen)[0]
     return next_tokens

@@ -126,6 +126,17 @@ timeout -k 10 "$LEFT" "$PYTHON" benchmarks/throughput.py "${BENCH_ARGS[@]}" 2>&1
 BENCH_RC=${PIPESTATUS[0]}
 [[ $BENCH_RC == 124 || $BENCH_RC == 137 ]] && echo "(benchmark stopped at the ${LEFT}s limit; the table shows what it finished)"
 
+# -- 3c. speculative decoding (benchmarks/spec_decode.py), in what is left ------------------------
+LEFT=$((BUDGET_S - SECONDS - 10))
+if (( LEFT >= 30 )); then
+    SPEC_ARGS=(--json "$OUT_DIR/spec_decode.json")
+    [[ $DRY_RUN == 1 ]] && SPEC_ARGS+=(--quick --device cpu)
+    echo "== benchmarks/spec_decode.py ${SPEC_ARGS[*]} (limit ${LEFT}s)"
+    timeout -k 10 "$LEFT" "$PYTHON" benchmarks/spec_decode.py "${SPEC_ARGS[@]}" 2>&1 | tee "$OUT_DIR/spec_decode.log"
+else
+    echo "== benchmarks/spec_decode.py skipped: ${LEFT}s left"
+fi
+
 # -- 4. the summary ------------------------------------------------------------------------------
 TESTS_SUMMARY="$TESTS_SUMMARY" BENCH_RC="$BENCH_RC" ELAPSED="$SECONDS" "$PYTHON" - "$OUT_DIR/throughput.json" "$OUT_DIR/kernel_bandwidth.json" \
     <<'EOF' | tee "$OUT_DIR/summary.txt"
@@ -172,6 +183,14 @@ if kernel.is_file():
     for p in k["points"]:
         rows.append((f"decode kernel, {p['num_seqs']} seqs x {p['context_len']} tokens",
                      f"{p['GBps']:,.0f} GB/s = {p['of_copy']:.0%} of copy ({k['copy_GBps']:,.0f} GB/s)"))
+spec = Path(sys.argv[1]).with_name("spec_decode.json")
+if spec.is_file():
+    sd = json.loads(spec.read_text())
+    rows.append(("speculative decoding, batch 1", f"{sd['best_speedup']:.2f}x at K = {sd['best_k']} "
+                                                  f"(same tokens: {sd['all_same_tokens']})"))
+    for r in sd["batches"]:
+        if r["K"]:
+            rows.append((f"speculative decoding, batch {r['batch_size']}", f"{r['speedup']:.2f}x at K = {r['K']}"))
 for label, error in data.get("errors", {}).items():
     rows.append((f"FAILED: {label}", error[:200]))
 if not data:

@@ -30,6 +30,7 @@ def test_gpu_check_dry_run_runs_the_tests_and_the_throughput_benchmark(tmp_path)
     done = run(["bash", "scripts/gpu_check.sh", "--dry-run"], ROOT, {"PYTHON": sys.executable, "OUT": str(tmp_path)})
     summary = (tmp_path / "summary.txt").read_text()
     assert "no GPU (dry run on the CPU)" in summary and "(exit 0)" in summary, done.stdout[-3000:]
+    assert "speculative decoding, batch 1" in summary and "(same tokens: True)" in summary
     data = json.loads((tmp_path / "throughput.json").read_text())
     assert data["errors"] == {}
     runs = {(r["system"], r["workload"].split()[0]): r for r in data["results"]}
@@ -52,3 +53,14 @@ def test_kv_cache_benchmark_runs():
     out = run([sys.executable, "kv_cache.py", "--lengths", "8", "16", "--repeats", "1"], ROOT / "benchmarks").stdout
     rows = [line.split() for line in out.splitlines() if line.strip().split(" ")[0] in ("8", "16")]
     assert [row[0] for row in rows] == ["8", "16"] and all(row[3].endswith("x") for row in rows), out
+
+
+def test_spec_decode_benchmark_reports_speedups_and_the_formula(tmp_path):
+    out = run([sys.executable, "spec_decode.py", "--quick", "--json", str(tmp_path / "spec.json")], ROOT / "benchmarks").stdout
+    for number in ("1.", "2.", "3."):
+        assert f"\n{number} " in out, out
+    data = json.loads((tmp_path / "spec.json").read_text())
+    assert data["all_same_tokens"]
+    assert [(r["batch_size"], r["K"]) for r in data["batch1"]] == [(1, 0), (1, 1), (1, 4)]
+    assert [(r["batch_size"], r["K"]) for r in data["batches"]] == [(4, 0), (4, data["best_k"])]
+    assert all(r["measured_tokens_per_round"] > 1 and r["formula_tokens_per_round"] > 1 for r in data["tokens_per_forward"])

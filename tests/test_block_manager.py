@@ -415,3 +415,23 @@ BlockManagerMachine.TestCase.settings = settings(
     max_examples=120, stateful_step_count=50, deadline=None
 )
 TestBlockManagerMachine = BlockManagerMachine.TestCase
+
+
+# ---------------------------------------------------------------------- speculative decoding
+def test_trim_frees_the_tail_blocks_once_and_never_committed_ones():
+    """Rejected drafts: the table shrinks to the blocks of the tokens kept."""
+    manager = make_manager(num_blocks=8)
+    tokens = list(range(1, 8))  # 7 tokens: blocks of 4 -> 2 blocks
+    assert manager.allocate_slots("a", 0, 7)
+    manager.commit("a", tokens, 7)  # block 0 full and committed
+    assert manager.allocate_slots("a", 7, 6)  # one decode + 5 drafts: 13 tokens, 4 blocks
+    assert len(manager.get_block_table("a")) == 4 and manager.num_free_blocks == 4
+    manager.trim("a", 9)  # 2 drafts accepted: 9 tokens kept, 3 blocks
+    assert len(manager.get_block_table("a")) == 3 and manager.num_free_blocks == 5
+    manager.trim("a", 9)  # again: nothing more to free
+    assert manager.num_free_blocks == 5
+    manager.block_pool.check_invariants()
+    with pytest.raises(ValueError, match="cannot trim to 3 tokens, 4 are committed"):
+        manager.trim("a", 3)
+    manager.free("a")
+    assert manager.num_free_blocks == 8

@@ -65,3 +65,31 @@ def test_module_entry_point_runs():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Hello") and "4 tokens" in done.stderr
+
+
+# ---------------------------------------------------------------------- speculative decoding
+def test_speculative_decoding_prints_the_same_text_and_the_acceptance(capsys):
+    args = ["generate", PROMPT, "--max-tokens", "30", "--device", "cpu"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main(args + ["--speculative-model", "noodle-apprentice", "--num-speculative-tokens", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert out == plain  # greedy: the chef's own text, token for token
+    assert "strategy='continuous'" in err and "drafted tokens accepted" in err and "tokens per target forward" in err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--speculative-model", "noodle-apprentice"], "needs --num-speculative-tokens"),
+        (["--num-speculative-tokens", "3"], "needs --speculative-model"),
+        (["--speculative-model", "noodle-apprentice", "--num-speculative-tokens", "-1"], "num_speculative_tokens must be in"),
+        (["--speculative-model", "/no/such/draft", "--num-speculative-tokens", "2"], "/no/such/draft"),
+        (["--speculative-model", "noodle-apprentice", "--num-speculative-tokens", "2", "--strategy", "static_batch"],
+         "continuous engine"),
+    ],
+)
+def test_bad_speculative_arguments_exit_2_with_the_reason(capsys, extra, message):
+    assert main(["generate", PROMPT, "--device", "cpu", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err

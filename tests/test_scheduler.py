@@ -470,3 +470,36 @@ def test_heavy_random_load_preempts_and_still_finishes():
             machine.bookkeeping()
         machine.teardown()
     assert num_preempted >= 10 and num_prefix_hits >= 10
+
+
+# ---------------------------------------------------------------------- speculative decoding
+def test_a_decode_with_drafts_gets_one_token_per_draft_and_rolls_back_rejections():
+    scheduler = make_scheduler(num_blocks=16, block_size=2, max_num_batched_tokens=4)
+    request = make_request("a", range(1, 5), max_tokens=20)  # 4 prompt tokens
+    scheduler.add_request(request)
+    run_step(scheduler)  # the prompt, and a first token
+    assert request.num_computed_tokens == 4 and request.num_tokens == 5
+    request.spec_token_ids = [7, 8, 9, 10]  # 4 drafts: 1 + 4 tokens, but the budget is 4
+    out = scheduler.schedule()
+    (s,) = out.scheduled
+    assert (s.num_new_tokens, s.spec_token_ids, s.is_prefill, s.completes_sequence) == (4, [7, 8, 9], False, True)
+    assert len(table_ids(scheduler, request)) == cdiv(4 + 4, 2)  # slots for the drafts too
+    # The target accepted d1 only and added its own token: 2 tokens appended, 2 drafts rejected.
+    request.append_output_token(7, "")
+    request.append_output_token(42, "")
+    scheduler.update_from_output(out, num_rejected=[2])
+    assert request.num_computed_tokens == 6 == request.num_tokens - 1
+    assert len(table_ids(scheduler, request)) == cdiv(6, 2)  # the rejected drafts' block went back
+    scheduler.block_manager.block_pool.check_invariants()
+
+
+def test_preemption_drops_the_drafts():
+    scheduler = make_scheduler(num_blocks=3, max_num_batched_tokens=16)
+    old, new = make_request("old", range(1, 5), max_tokens=8), make_request("new", range(1, 5), max_tokens=8)
+    for r in (old, new):
+        scheduler.add_request(r)
+    run_step(scheduler)
+    old.spec_token_ids, new.spec_token_ids = [5, 6, 7], [5, 6, 7]  # old needs a second block
+    out = scheduler.schedule()
+    assert new in out.preempted and new.spec_token_ids == [] and new.num_computed_tokens == 0
+    assert out.scheduled[0].spec_token_ids == [5, 6, 7]

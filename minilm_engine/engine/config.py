@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..attention.backends import ATTENTION_BACKENDS
+from ..spec_decode.config import SpeculativeConfig
 
 
 @dataclass
@@ -29,6 +30,10 @@ class EngineConfig:
     # Keep a StepRecord of every step in engine.trace (widgets and chapters read it).  A record
     # copies every running request's block table, so long benchmark or serving runs turn it off.
     record_trace: bool = True
+    # Speculative decoding (vLLM's spelling): {"model": DRAFT, "num_speculative_tokens": K}, with
+    # DRAFT a folder, a hub id or "noodle-apprentice".  Parsed into a SpeculativeConfig; None or
+    # K = 0: no speculation.
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -48,6 +53,7 @@ class EngineConfig:
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "record_trace"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"

@@ -11,6 +11,11 @@ once.  Every step is recorded in `engine.trace`.
                  (BlockManager: slots,      (PagedAttention over          │
                   prefix hits, preempt)      the PagedKVCache)            ▼
               Scheduler.update_from_output()  <──  Request.append_decoded_token()  ──> outputs
+
+With a `speculative_config`, each step first asks the draft (`spec_decode/proposer.py`) for up
+to K tokens per decoding request; the scheduler gives each such request 1 + k tokens, the one
+forward verifies them (`spec_decode/rejection_sampler.py`), a request may get several tokens
+in one step, and `update_from_output` rolls the rejected positions back (the draft's too).
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ from ..kv_cache.paged import PagedKVCache
 from ..kv_cache.sizing import decide_num_kv_blocks
 from ..models import CausalLM
 from ..outputs import RequestOutput
-from ..request import Request
+from ..request import Request, RequestStatus
 from ..sampling_params import SamplingParams
+from ..spec_decode.metrics import SpecDecodingStats
+from ..spec_decode.ngram_proposer import NgramProposer
+from ..spec_decode.proposer import DraftModelProposer, load_draft_model, num_drafts_wanted
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphRunner
 from .model_runner import ModelRunner
@@ -54,8 +62,14 @@ class LLMEngine:
                 f"without chunked prefill, max_num_batched_tokens ({self.config.max_num_batched_tokens}) "
                 f"must be >= max_model_len ({self.max_model_len}) so that every prompt fits one step"
             )
+        # Speculative decoding: the draft model, loaded and checked against the target now.
+        spec = self.config.speculative_config
+        draft = None
+        if spec is not None and spec.method == "draft_model":
+            draft = load_draft_model(spec, model, tokenizer, self.max_model_len)
         num_blocks = decide_num_kv_blocks(
-            self.config, model.config, model.dtype, model.device, self.max_model_len
+            self.config, model.config, model.dtype, model.device, self.max_model_len,
+            draft_model_config=None if draft is None else draft.config,
         )
         self.trace = StepTrace()
         self.block_pool = BlockPool(
@@ -76,6 +90,17 @@ class LLMEngine:
         self.runner = ModelRunner(
             model, self.cache, self.block_manager, self.attention_backend, self._capture_decode_graphs()
         )
+        self.proposer: DraftModelProposer | NgramProposer | None = None
+        self.spec_decoding_stats: SpecDecodingStats | None = None  # the engine's totals
+        if draft is not None:
+            self.proposer = DraftModelProposer(
+                draft, num_blocks, self.config.block_size, self.config.enable_prefix_caching,
+                self.attention_backend, tokenizer,
+            )
+        elif spec is not None:  # method "ngram": drafts copied from the request's own tokens
+            self.proposer = NgramProposer(model.config.vocab_size, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        if spec is not None:
+            self.spec_decoding_stats = SpecDecodingStats(spec.num_speculative_tokens)
         self.requests: dict[str, Request] = {}
         self.num_steps = 0
 
@@ -132,8 +157,14 @@ class LLMEngine:
         request = self.requests.pop(request_id, None)
         if request is None or request.finished:
             return
-        self.scheduler.finish(request)
+        self._release(request)
         request.abort()
+
+    def _release(self, request: Request) -> None:
+        """Free a finished or aborted request's blocks, the draft's too."""
+        self.scheduler.finish(request)
+        if self.proposer is not None:
+            self.proposer.free(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -158,7 +189,11 @@ class LLMEngine:
         """`step`, returning the `Request`s that got a token rather than snapshots of them
         (a snapshot copies the output ids: at 256 requests, a millisecond a step)."""
         start = time.perf_counter()
+        drafted, draft_probs = self._propose_drafts()
         sched = self.scheduler.schedule()
+        for request in sched.preempted:
+            if self.proposer is not None:
+                self.proposer.free(request.request_id)  # recomputed from scratch when resumed
         if sched.is_empty:
             if self.scheduler.has_unfinished_requests():
                 raise RuntimeError("scheduler made no progress (pool too small for any request)")
@@ -167,26 +202,69 @@ class LLMEngine:
         for s in sched.scheduled:
             if s.request.metrics.first_scheduled_time is None:
                 s.request.metrics.first_scheduled_time = now
-        tokens = self.runner.execute(sched.scheduled)
-        self.scheduler.update_from_output(sched)
+        results = self.runner.execute(sched.scheduled, draft_probs)
 
-        advanced, finished = [], []
-        for s, token in zip(sched.scheduled, tokens):
+        # Append each request's new tokens (one, or with speculation up to k + 1) until it ends.
+        advanced, num_rejected = [], []
+        for s, tokens in zip(sched.scheduled, results):
             request = s.request
-            if token is None:
-                continue  # a prefill chunk: nothing to sample yet
-            request.append_decoded_token(token, self.tokenizer)
+            num_appended = 0
+            for token in tokens:
+                request.append_decoded_token(token, self.tokenizer)
+                num_appended += 1
+                if request.finished:
+                    break  # tokens after a stop are dropped, accepted or not
+            # Drafts not in the output now (rejected, or past a stop) are rolled back.
+            num_rejected.append(len(s.spec_token_ids) - max(num_appended - 1, 0))
+            if s.spec_token_ids:
+                self._observe_round(request, len(s.spec_token_ids), len(tokens) - 1)
+            if tokens:
+                advanced.append(request)
+        self.scheduler.update_from_output(sched, num_rejected)
+
+        finished = []
+        for request in advanced:
             if request.finished:
-                self.scheduler.finish(request)
+                self._release(request)
                 self.requests.pop(request.request_id, None)
                 finished.append(request.request_id)
-            advanced.append(request)
+        for request in drafted:
+            request.spec_token_ids = []
+            if self.proposer is not None and not request.finished and request.status is RequestStatus.RUNNING:
+                self.proposer.rollback(request)
         self.num_steps += 1
         if self.config.record_trace:
-            self._record(start, sched, finished)
+            self._record(start, sched, results, finished)
         return advanced
 
-    def _record(self, start: float, sched: SchedulerOutput, finished: list[str]) -> None:
+    # -- speculative decoding ---------------------------------------------------------------
+
+    def _propose_drafts(self) -> tuple[list[Request], dict[str, torch.Tensor]]:
+        """The draft's guesses for every running request that is decoding: stored in
+        `request.spec_token_ids` for the scheduler, the draft's probabilities returned."""
+        if self.proposer is None:
+            return [], {}
+        k = self.config.speculative_config.num_speculative_tokens
+        decoding = [
+            r for r in self.scheduler.running
+            if r.num_computed_tokens == r.num_tokens - 1 and r.output_token_ids
+        ]
+        proposals = self.proposer.propose(decoding, [num_drafts_wanted(r, k) for r in decoding])
+        draft_probs = {}
+        for request, proposal in zip(decoding, proposals):
+            request.spec_token_ids = proposal.token_ids
+            if proposal.probs is not None:
+                draft_probs[request.request_id] = proposal.probs
+        return decoding, draft_probs
+
+    def _observe_round(self, request: Request, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        metrics = request.metrics
+        if metrics.spec_decoding is None:
+            metrics.spec_decoding = SpecDecodingStats(self.spec_decoding_stats.num_spec_tokens)
+        metrics.spec_decoding.observe(num_draft_tokens, num_accepted_tokens)
+        self.spec_decoding_stats.observe(num_draft_tokens, num_accepted_tokens)
+
+    def _record(self, start: float, sched: SchedulerOutput, results: list[list[int]], finished: list[str]) -> None:
         pool = self.block_pool
         chunks = [
             ScheduledChunk(
@@ -194,8 +272,12 @@ class LLMEngine:
                 s.num_new_tokens if s.is_prefill else 0,
                 0 if s.is_prefill else s.num_new_tokens,
                 s.num_cached_tokens,
+                num_draft_tokens=len(s.spec_token_ids),
+                num_accepted_tokens=len(tokens) - 1 if s.spec_token_ids else 0,
+                draft_token_ids=list(s.spec_token_ids),
+                output_token_ids=tokens,
             )
-            for s in sched.scheduled
+            for s, tokens in zip(sched.scheduled, results)
         ]
         self.trace.append(
             StepRecord(

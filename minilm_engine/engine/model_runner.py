@@ -1,13 +1,17 @@
 """One engine step on the model: flatten the scheduled tokens, run, sample.
 
-Contract: `ModelRunner.execute(scheduled)` computes keys/values for every scheduled token into
-the paged cache and returns, per scheduled request, the sampled next token, or None when the
-step only computed part of a prompt (a chunk) and there is nothing to sample yet.
+Contract: `ModelRunner.execute(scheduled, draft_probs)` computes keys/values for every
+scheduled token into the paged cache and returns, per scheduled request, the tokens to append:
+one sampled token, none when the step only computed part of a prompt (a chunk), or, for a
+request verifying drafts (speculative decoding), the accepted drafts and one more token.
 
     scheduled:    A: 4 prompt tokens   B: 1 decode token   C: 2 of 5 prompt tokens (a chunk)
     input_ids:    [ a0 a1 a2 a3 | b7 | c0 c1 ]          one row, no padding
     positions:    [  0  1  2  3 |  7 |  0  1 ]
     logits taken at:         ^a3   ^b7          (C samples nothing until its prompt is done)
+
+    with D verifying 2 drafts:   [ ... | d9 x1 x2 | ... ]    logits at d9, x1 and x2
+                                                             (`spec_decode/rejection_sampler.py`)
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ..attention.paged import PagedAttentionMetadata
 from ..kv_cache.paged import PagedAttention, PagedKVCache
 from ..models import CausalLM
 from ..sampler import sample
+from ..spec_decode.rejection_sampler import DraftTokens, rejection_sample
 from .cuda_graphs import DecodeGraphRunner
 from .scheduler import ScheduledRequest
 
@@ -44,49 +49,27 @@ class ModelRunner:
 
     def prepare(self, scheduled: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
         """Build (input_ids (N,), positions (N,), metadata) for the flattened step."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        query_start_loc = [0]
-        context_lens: list[int] = []
-        block_tables: list[list[int]] = []
+        chunks = []
         for s in scheduled:
-            r = s.request
-            start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
-            input_ids += r.all_token_ids[start:end]
-            positions += range(start, end)
-            slot_mapping += self.block_manager.slot_mapping(r.request_id, start, end)
-            query_start_loc.append(len(input_ids))
-            context_lens.append(end)
-            block_tables.append(self.block_manager.get_block_table(r.request_id))
-        width = max(len(t) for t in block_tables)
-        device = self.model.device
-
-        def as_tensor(values) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        meta = PagedAttentionMetadata(
-            slot_mapping=as_tensor(slot_mapping),
-            query_start_loc=as_tensor(query_start_loc),
-            context_lens=as_tensor(context_lens),
-            # Through numpy: a list of lists converts to an array ~4x faster than to a tensor,
-            # and at 256 sequences of long contexts this table is most of what a step copies.
-            block_tables=torch.from_numpy(
-                np.array([t + [0] * (width - len(t)) for t in block_tables], dtype=np.int64)
-            ).to(device),
-            max_query_len=max(s.num_new_tokens for s in scheduled),
-        )
-        return as_tensor(input_ids), as_tensor(positions), meta
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+            # A speculating decode computes its last token, then its drafts after it.
+            token_ids = s.request.all_token_ids[start : end - len(s.spec_token_ids)] + s.spec_token_ids
+            chunks.append((s.request.request_id, token_ids, start))
+        return flatten_chunks(chunks, self.block_manager, self.model.device)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> list[int | None]:
+    def execute(
+        self, scheduled: list[ScheduledRequest], draft_probs: dict[str, torch.Tensor] | None = None
+    ) -> list[list[int]]:
+        """`draft_probs[request_id]`: (k, V) the draft's distributions of a sampling request's
+        drafts (speculative decoding; greedy requests need none)."""
         # Triton launches, and graph replays, go to the *current* CUDA device: make it the
         # model's (it may be cuda:1).
         device = self.model.device
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            return self._execute(scheduled)
+            return self._execute(scheduled, draft_probs or {})
 
-    def _execute(self, scheduled: list[ScheduledRequest]) -> list[int | None]:
+    def _execute(self, scheduled: list[ScheduledRequest], draft_probs: dict[str, torch.Tensor]) -> list[list[int]]:
         input_ids, positions, meta = self.prepare(scheduled)
         graphs = self.decode_graphs
         if graphs is not None and graphs.can_run(len(input_ids), meta):
@@ -94,15 +77,73 @@ class ModelRunner:
         else:
             attn = PagedAttention(self.cache, meta, self.attention_backend)
             hidden = self.model(input_ids[None], positions[None], attn)[0]  # (N, hidden)
+        results: list[list[int]] = [[] for _ in scheduled]
         # Only sequences whose every known token is now computed get a next token.
-        sampling = [i for i, s in enumerate(scheduled) if s.completes_sequence]
-        results: list[int | None] = [None] * len(scheduled)
-        if not sampling:
-            return results
-        last_token_rows = meta.query_start_loc[1:][sampling] - 1
-        logits = self.model.compute_logits(hidden[last_token_rows])  # (num_sampling, V)
-        requests = [scheduled[i].request for i in sampling]
-        tokens = sample(logits, [r.sampling_params for r in requests], [r.generator for r in requests])
-        for i, token in zip(sampling, tokens.tolist()):
-            results[i] = token
+        plain = [i for i, s in enumerate(scheduled) if s.completes_sequence and not s.spec_token_ids]
+        if plain:
+            last_token_rows = meta.query_start_loc[1:][plain] - 1
+            logits = self.model.compute_logits(hidden[last_token_rows])  # (num_plain, V)
+            requests = [scheduled[i].request for i in plain]
+            tokens = sample(logits, [r.sampling_params for r in requests], [r.generator for r in requests])
+            for i, token in zip(plain, tokens.tolist()):
+                results[i] = [token]
+        verifying = [i for i, s in enumerate(scheduled) if s.spec_token_ids]
+        if verifying:
+            self._verify(scheduled, verifying, hidden, meta, draft_probs, results)
         return results
+
+    def _verify(self, scheduled, verifying, hidden, meta, draft_probs, results) -> None:
+        """Speculative decoding: logits at the last k + 1 rows of each verifying request (its
+        last token and its k drafts), all in one matmul, then the rejection sampler per request."""
+        ends = meta.query_start_loc[1:][verifying].tolist()
+        rows = [row for i, end in zip(verifying, ends) for row in range(end - 1 - len(scheduled[i].spec_token_ids), end)]
+        logits = self.model.compute_logits(hidden[rows])  # (sum of k + 1, V)
+        offset = 0
+        for i in verifying:
+            s = scheduled[i]
+            k = len(s.spec_token_ids)
+            probs = draft_probs.get(s.request.request_id)
+            draft = DraftTokens(s.spec_token_ids, None if probs is None else probs[:k])
+            results[i] = rejection_sample(
+                draft, logits[offset : offset + k + 1], s.request.sampling_params, s.request.generator
+            )
+            offset += k + 1
+
+
+def flatten_chunks(
+    chunks: list[tuple[str, list[int], int]], block_manager: BlockManager, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
+    """(request id, token ids, position of the first) per sequence -> (input_ids (N,),
+    positions (N,), metadata) of one flat forward pass over all of them.  The draft model of
+    speculative decoding builds its passes with it too, over its own block manager."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slot_mapping: list[int] = []
+    query_start_loc = [0]
+    context_lens: list[int] = []
+    block_tables: list[list[int]] = []
+    for request_id, token_ids, start in chunks:
+        end = start + len(token_ids)
+        input_ids += token_ids
+        positions += range(start, end)
+        slot_mapping += block_manager.slot_mapping(request_id, start, end)
+        query_start_loc.append(len(input_ids))
+        context_lens.append(end)
+        block_tables.append(block_manager.get_block_table(request_id))
+    width = max(len(t) for t in block_tables)
+
+    def as_tensor(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    meta = PagedAttentionMetadata(
+        slot_mapping=as_tensor(slot_mapping),
+        query_start_loc=as_tensor(query_start_loc),
+        context_lens=as_tensor(context_lens),
+        # Through numpy: a list of lists converts to an array ~4x faster than to a tensor,
+        # and at 256 sequences of long contexts this table is most of what a step copies.
+        block_tables=torch.from_numpy(
+            np.array([t + [0] * (width - len(t)) for t in block_tables], dtype=np.int64)
+        ).to(device),
+        max_query_len=max(len(token_ids) for _, token_ids, _ in chunks),
+    )
+    return as_tensor(input_ids), as_tensor(positions), meta

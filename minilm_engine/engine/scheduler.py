@@ -44,13 +44,22 @@ class ScheduledRequest:
     is_prefill: bool
     # After this step every known token is computed, so the step samples a new token.
     completes_sequence: bool
+    # Speculative decoding: the drafts verified this step, after the request's last token
+    # (num_new_tokens counts them: 1 + len(spec_token_ids) for a speculating decode).
+    spec_token_ids: list[int] = field(default_factory=list)
 
 
 def schedule_request(request: Request, num_new_tokens: int, num_cached_tokens: int = 0) -> ScheduledRequest:
-    """Decide what computing `num_new_tokens` of `request` is, from where it stands now."""
+    """Decide what computing `num_new_tokens` of `request` is, from where it stands now.
+
+    Tokens past the request's own are its drafts (speculative decoding): as many of
+    `request.spec_token_ids` as fit.
+    """
     num_computed, num_tokens = request.num_computed_tokens, request.num_tokens
+    num_spec = max(0, num_computed + num_new_tokens - num_tokens)
+    spec_token_ids = request.spec_token_ids[:num_spec]
     is_decode = (
-        num_new_tokens == 1 and num_computed == num_tokens - 1 and len(request.output_token_ids) > 0
+        num_new_tokens == 1 + num_spec and num_computed == num_tokens - 1 and len(request.output_token_ids) > 0
     )
     return ScheduledRequest(
         request,
@@ -58,7 +67,8 @@ def schedule_request(request: Request, num_new_tokens: int, num_cached_tokens: i
         num_new_tokens,
         num_cached_tokens,
         is_prefill=not is_decode,
-        completes_sequence=num_computed + num_new_tokens == num_tokens,
+        completes_sequence=num_computed + num_new_tokens == num_tokens + num_spec,
+        spec_token_ids=spec_token_ids,
     )
 
 
@@ -109,7 +119,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_computed = request.num_computed_tokens
-            num_new = self._num_tokens_to_compute(request.num_tokens, num_computed, budget)
+            num_new = self._num_tokens_to_compute(
+                request.num_tokens, num_computed, budget, len(request.spec_token_ids)
+            )
             if num_new == 0:
                 i += 1
                 continue
@@ -147,8 +159,13 @@ class Scheduler:
             budget -= num_new
         return out
 
-    def _num_tokens_to_compute(self, num_tokens: int, num_computed_tokens: int, budget: int) -> int:
+    def _num_tokens_to_compute(
+        self, num_tokens: int, num_computed_tokens: int, budget: int, num_spec_tokens: int = 0
+    ) -> int:
         remaining = num_tokens - num_computed_tokens
+        if remaining == 1 and num_spec_tokens:
+            # A decode with drafts: as many of them as the budget leaves room for.
+            return min(1 + num_spec_tokens, budget)
         if remaining <= budget:
             return remaining
         # Without chunked prefill a prompt runs whole or waits for a step with room for it.
@@ -158,15 +175,24 @@ class Scheduler:
         self.num_preemptions += 1
         self.block_manager.free(request.request_id)
         request.num_computed_tokens = 0
+        request.spec_token_ids = []  # drafts of a request that does not run now are stale
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
 
-    def update_from_output(self, out: SchedulerOutput) -> None:
-        """The step ran: its tokens' keys/values are in the cache; full blocks join the cache."""
-        for s in out.scheduled:
+    def update_from_output(self, out: SchedulerOutput, num_rejected: list[int] | None = None) -> None:
+        """The step ran: its tokens' keys/values are in the cache; full blocks join the cache.
+
+        `num_rejected[i]`: drafts of scheduled request i the target turned down (speculative
+        decoding; call this after appending the accepted tokens).  Their keys/values are
+        garbage: the computed count falls back before them, and blocks past it are freed.
+        """
+        for i, s in enumerate(out.scheduled):
             r = s.request
-            r.num_computed_tokens += s.num_new_tokens
+            rejected = num_rejected[i] if num_rejected is not None else 0
+            r.num_computed_tokens += s.num_new_tokens - rejected
             self.block_manager.commit(r.request_id, r.all_token_ids, r.num_computed_tokens)
+            if rejected:
+                self.block_manager.trim(r.request_id, r.num_computed_tokens)
 
     def finish(self, request: Request) -> None:
         """Remove a finished or aborted request and free its blocks (now, not later)."""

@@ -20,6 +20,12 @@ class ScheduledChunk:
     num_prefill_tokens: int
     num_decode_tokens: int
     num_cached_tokens: int = 0  # prefix-cache hit taken in this step
+    # Speculative decoding: the drafts verified this step, how many the target accepted, and
+    # the tokens appended (accepted drafts, then the target's own: a correction or a bonus).
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -46,6 +52,14 @@ class StepRecord:
     @property
     def num_decode_tokens(self) -> int:
         return sum(c.num_decode_tokens for c in self.chunks)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(c.num_draft_tokens for c in self.chunks)
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return sum(c.num_accepted_tokens for c in self.chunks)
 
     @property
     def usage(self) -> float:
@@ -114,6 +128,8 @@ class StepTrace:
                     "num_cached_blocks": r.num_cached_blocks,
                     "kv_usage": r.usage,
                     "num_preempted": len(r.preempted),
+                    "num_draft_tokens": r.num_draft_tokens,
+                    "num_accepted_tokens": r.num_accepted_tokens,
                 }
                 for r in self.records
             ]

@@ -262,6 +262,25 @@ class BlockManager:
         del self.block_tables[request_id]
         del self._block_hashes[request_id]
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Shrink the table to the blocks that hold its first `num_tokens` tokens; free the rest.
+
+        Speculative decoding allocates slots for drafted tokens that the target may reject: the
+        request's computed count then falls back, and the blocks past it go back to the pool
+        (tail first, as in `free`).  Committed blocks are never cut.
+        """
+        table = self._table(request_id)
+        num_committed_tokens = len(self._block_hashes[request_id]) * self.block_size
+        if num_tokens < num_committed_tokens:
+            raise ValueError(
+                f"request {request_id!r}: cannot trim to {num_tokens} tokens, "
+                f"{num_committed_tokens} are committed"
+            )
+        num_kept = cdiv(num_tokens, self.block_size)
+        if num_kept < len(table):
+            self.block_pool.free_blocks(reversed(table[num_kept:]))
+            del table[num_kept:]
+
     def _table(self, request_id: str) -> list[KVCacheBlock]:
         if request_id not in self.block_tables:
             raise KeyError(

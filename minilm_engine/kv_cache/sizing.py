@@ -36,11 +36,18 @@ def decide_num_kv_blocks(
     dtype: torch.dtype,
     device: torch.device,
     max_model_len: int,
+    draft_model_config: ModelConfig | None = None,
 ) -> int:
-    """Pool size: as asked (`num_kv_blocks`, or `kv_cache_memory` bytes), else the default below."""
+    """Pool size: as asked (`num_kv_blocks`, or `kv_cache_memory` bytes), else the default below.
+
+    With a draft model (speculative decoding) the draft gets a pool of as many blocks (it holds
+    the same tokens), so one block costs the target's bytes plus the draft's.
+    """
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     per_block = PagedKVCache.bytes_per_block(model_config, config.block_size, dtype)
+    if draft_model_config is not None:
+        per_block += PagedKVCache.bytes_per_block(draft_model_config, config.block_size, dtype)
     if config.kv_cache_memory is not None:
         return max(1, config.kv_cache_memory // per_block)
     return default_num_kv_blocks(config, max_model_len, per_block, kv_cache_limit(config, device))

@@ -4,6 +4,7 @@
     engine = llm.engine                     # LLM(..., strategy="continuous")
     viz.show(viz.BatchView(engine))         # batch slots x engine steps
     viz.show(viz.MemoryView(engine))        # the block pool, and the contiguous alternative
+    viz.show(viz.SpecView(engine))          # speculative decoding: drafts accepted / rejected
 
 Contract: every view has `.figure()` (a `plotly.graph_objects.Figure` of the engine as it is now;
 needs no widget frontend, so it survives headless execution and HTML export) and `.widget()`
@@ -28,6 +29,7 @@ from .memory_view import (
     memory_waste,
     request_memory,
 )
+from .spec_view import SpecCell, SpecView, spec_cells
 
 ShowMode = Literal["widget", "static"]
 STATIC_ENV_VAR = "MINILM_STATIC_FIGURES"
@@ -94,11 +96,14 @@ __all__ = [
     "MemoryWaste",
     "RequestColors",
     "RequestMemory",
+    "SpecCell",
+    "SpecView",
     "batch_cells",
     "block_cells",
     "default_mode",
     "memory_waste",
     "request_memory",
+    "spec_cells",
     "show",
     "static_bundle",
 ]

@@ -1,0 +1,107 @@
+"""Accept or reject drafted tokens so that the output is distributed exactly as the target's.
+
+Contract: `rejection_sample(draft, target_logits, params, generator)` takes the k tokens a draft
+proposed for one request, the draft's probabilities for them, and the target's logits at the
+k + 1 positions of the verification chunk; it returns the tokens to append: the accepted
+prefix of the drafts, then one token from the target (1 to k + 1 tokens in all).
+
+    verification chunk   [ t   d1  d2  d3 ]      t: the request's last token, d: drafts (k = 3)
+    target logits row      0   1   2   3         row i scores the token after chunk token i
+    row i verifies d(i+1); row k gives the bonus token when all k were accepted
+
+Greedy requests (temperature 0): accept d(i+1) while it equals the target's argmax at row i;
+at the first difference, append the target's argmax instead.  Identical to decoding with the
+target alone, by construction.
+
+Sampling requests, the modified rejection sampling of Leviathan et al. (2023) and Chen et al.
+(2023), with p = target and q = draft distributions after temperature, top-k and top-p (the
+same processing `sampler.py` applies, to both models):
+
+    accept draft d with probability min(1, p(d) / q(d))
+    on the first rejection, sample from  max(p - q, 0) / sum(max(p - q, 0))  and stop
+    if all k are accepted, sample the bonus token from p at row k
+
+Why it is exact: P(output = x) = q(x) min(1, p(x)/q(x)) + P(reject) * max(p(x) - q(x), 0) / Z
+= min(q(x), p(x)) + max(p(x) - q(x), 0) = p(x), since P(reject) = 1 - sum_x min(p, q) = Z.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampler import sampling_probs
+from ..sampling_params import SamplingParams
+
+
+@dataclass
+class DraftTokens:
+    """What the draft proposed for one request this round."""
+
+    token_ids: list[int]  # k proposed tokens, k >= 0
+    probs: torch.Tensor | None = None  # (k, V) the draft's distributions; None for greedy requests
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def truncate(self, num_tokens: int) -> DraftTokens:
+        """The first `num_tokens` drafts (a short token budget verifies fewer)."""
+        probs = None if self.probs is None else self.probs[:num_tokens]
+        return DraftTokens(self.token_ids[:num_tokens], probs)
+
+
+def accept_probability(p_draft: float, q_draft: float) -> float:
+    """min(1, p(d) / q(d)): the draft's token is kept with the share of q that p agrees with."""
+    return min(1.0, p_draft / q_draft)
+
+
+def recovered_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """(V,), (V,) -> normalized max(p - q, 0): where the target wants more than the draft gave."""
+    residual = (p - q).clamp(min=0)
+    total = residual.sum()
+    if total <= 0:
+        # Only when p == q up to rounding, and then a rejection has ~zero probability anyway.
+        return p
+    return residual / total
+
+
+def rejection_sample(
+    draft: DraftTokens,
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> list[int]:
+    """target_logits: (k + 1, V) float32 -> the 1..k+1 tokens to append (see module docstring)."""
+    k = len(draft)
+    if target_logits.shape[0] != k + 1:
+        raise ValueError(f"{k} drafts need {k + 1} rows of target logits, got {target_logits.shape[0]}")
+    if params.greedy:
+        return _greedy_verify(draft.token_ids, target_logits)
+    if draft.probs is None:
+        raise ValueError("a sampling request's drafts need the draft's probabilities")
+    out: list[int] = []
+    for i, token in enumerate(draft.token_ids):
+        p = sampling_probs(target_logits[i], params)  # (V,)
+        q = draft.probs[i]  # (V,)
+        u = torch.rand((), generator=generator, device=q.device).item()
+        if u < accept_probability(p[token].item(), q[token].item()):
+            out.append(token)
+            continue
+        recovered = recovered_distribution(p, q)
+        out.append(torch.multinomial(recovered, 1, generator=generator).item())
+        return out
+    bonus = sampling_probs(target_logits[k], params)
+    out.append(torch.multinomial(bonus, 1, generator=generator).item())
+    return out
+
+
+def _greedy_verify(draft_token_ids: list[int], target_logits: torch.Tensor) -> list[int]:
+    target_choice = target_logits.argmax(dim=-1).tolist()  # (k + 1,) the target's own picks
+    out: list[int] = []
+    for draft_token, target_token in zip(draft_token_ids, target_choice):
+        out.append(target_token)  # equal to the draft's when accepted, the correction otherwise
+        if draft_token != target_token:
+            return out
+    out.append(target_choice[-1])  # all accepted: the bonus token
+    return out
