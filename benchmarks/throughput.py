@@ -21,6 +21,9 @@ GPU has room), and the same token budget per step (8192) and batch limit (256 re
 
     python benchmarks/throughput.py                    # a GPU: a few minutes
     python benchmarks/throughput.py --quick            # a tiny config, 8 requests: CPU, ~1 minute
+    python benchmarks/throughput.py --cpu-compare      # the real shape on a CPU, B and batch 1 only:
+                                                       # 16 requests of 42-248 tokens, 32 out each,
+                                                       # 2 threads, vs transformers.generate (~10 min)
     python benchmarks/throughput.py --skip-hf          # minilm-engine only
     python benchmarks/throughput.py --json results.json
 """
@@ -58,6 +61,12 @@ QUICK_OVERRIDES = dict(
     vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
     bos_token_id=1, eos_token_id=2,
+)
+# --cpu-compare: Qwen3-0.6B's real shape, a workload a CPU finishes in minutes, and only the two
+# comparisons with transformers.generate (static batches, batch 1); goal >= 1.0x on both.
+CPU_COMPARE_DEFAULTS = dict(
+    device="cpu", num_requests=16, min_input=32, max_input=248, fixed_output=32, hf_batch=16,
+    batch1_tokens=32, threads=2, skip_a=True, skip_hf_continuous=True,
 )
 QUICK_DEFAULTS = dict(
     num_requests=8, min_input=16, max_input=64, min_output=16, max_output=48, fixed_output=16,
@@ -262,13 +271,20 @@ def parse_args(argv=None):
                    help="no CUDA graphs for minilm-engine's decode steps (they are on by default on CUDA)")
     p.add_argument("--skip-hf", action="store_true", help="run minilm-engine only")
     p.add_argument("--skip-a", action="store_true", help="skip workload A (the longest run)")
+    p.add_argument("--skip-hf-continuous", action="store_true",
+                   help="skip transformers' generate_batch (slow on a CPU)")
+    p.add_argument("--cpu-compare", action="store_true",
+                   help="the real shape on a CPU against transformers.generate only (see the docstring)")
     p.add_argument("--quick", action="store_true", help="a tiny config and 8 short requests (CPU smoke test)")
     p.add_argument("--json", type=Path, default=None, help="write results here after every run")
     p.add_argument("--seed", type=int, default=0)
     add_threads_option(p)
     # --quick changes the defaults only: `--quick --num-requests 64` still means 64 requests.
-    if p.parse_known_args(argv)[0].quick:
+    known = p.parse_known_args(argv)[0]
+    if known.quick:
         p.set_defaults(**QUICK_DEFAULTS)
+    if known.cpu_compare:
+        p.set_defaults(**CPU_COMPARE_DEFAULTS)
     args = p.parse_args(argv)
     args.max_num_seqs = min(args.max_num_seqs, args.num_requests)
     return args
@@ -352,6 +368,14 @@ class Report:
             if "minilm_eager_batch1_tokens_per_s" in b1 and "minilm_batch1_tokens_per_s" in b1:
                 print(f"CUDA graphs at batch 1: {b1['minilm_batch1_tokens_per_s'] / b1['minilm_eager_batch1_tokens_per_s']:.2f}x "
                       f"the eager tokens/s")
+        static = [r for r in self.results if r.system.startswith("transformers.generate")]
+        if static and static[0].workload in ours:
+            print("-" * 100)
+            ratio = ours[static[0].workload].tokens_per_s / static[0].tokens_per_s
+            print(f"minilm-engine vs {static[0].system}: {ratio:.2f}x tokens/s (goal >= 1.0x)")
+        if "minilm_batch1_tokens_per_s" in b1 and "hf_batch1_tokens_per_s" in b1:
+            ratio = b1["minilm_batch1_tokens_per_s"] / b1["hf_batch1_tokens_per_s"]
+            print(f"minilm-engine vs transformers.generate at batch 1: {ratio:.2f}x tokens/s (goal >= 1.0x)")
         for label, error in self.errors.items():
             print(f"FAILED {label}: {error}")
         print("=" * 100)
@@ -429,8 +453,9 @@ def main(argv=None) -> int:
         report.attempt("transformers.generate warm-up", lambda: hf_static(hf_model, warm, 2))
         report.attempt("transformers.generate on B",
                        lambda: report.add(hf_static(hf_model, workload_b, args.hf_batch)))
-        report.attempt("transformers generate_batch on B", lambda: report.add(hf_continuous_batching(
-            hf_model, workload_b, args, hf_kv_budget, kv_bytes_per_token, device)))
+        if not args.skip_hf_continuous:
+            report.attempt("transformers generate_batch on B", lambda: report.add(hf_continuous_batching(
+                hf_model, workload_b, args, hf_kv_budget, kv_bytes_per_token, device)))
 
     # C: batch-1 decode against the bandwidth ceiling.
     def ceiling():

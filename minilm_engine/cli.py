@@ -1,5 +1,6 @@
 """`minilm-engine generate "prompt"`: stream a completion to the terminal and report tokens/s.
 
+`minilm-engine quantize MODEL OUT --quantization int4`: write a quantized checkpoint.
 Also `minilm-engine serve` (entrypoints/cli.py) and `minilm-engine bench serve` (bench/serve.py).
 """
 
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="draft model for speculative decoding: folder, hub id or noodle-apprentice")
     gen.add_argument("--num-speculative-tokens", type=int, default=None,
                      help="tokens the draft proposes per step (with --speculative-model; 0 = off)")
+    add_quantize_parser(sub)
     # Serving: each subcommand sets `run`, which main() calls.
     from .bench.serve import add_bench_parser
     from .entrypoints.cli import add_serve_parser
@@ -59,8 +61,47 @@ def speculative_config(args: argparse.Namespace) -> dict | None:
     return {"model": args.speculative_model, "num_speculative_tokens": args.num_speculative_tokens}
 
 
+def add_quantize_parser(sub) -> None:
+    from .quantization.config import GROUP_SIZES, METHODS, SCHEMES
+
+    quant = sub.add_parser("quantize", help="write a weight-only quantized copy of MODEL to OUT")
+    quant.add_argument("model", help="folder or shipped name (noodle-chef, noodle-apprentice)")
+    quant.add_argument("out", help="folder to write (safetensors + config.json with quantization_config)")
+    quant.add_argument("--quantization", required=True, choices=SCHEMES)
+    quant.add_argument("--group-size", type=int, default=None, help=f"int4 only: one of {GROUP_SIZES} (default 128)")
+    quant.add_argument("--method", default="rtn", choices=METHODS, help="rtn, or awq (calibrated)")
+    quant.add_argument("--calibration-file", action="append", default=None,
+                       help="a text file to calibrate on (repeatable; default: held-out noodle-shop text)")
+    quant.add_argument("--no-pad", action="store_true",
+                       help="int4: refuse layers whose in_features the group size does not divide")
+
+
+def quantize_main(args) -> int:
+    from pathlib import Path
+
+    from .quantization.checkpoint import quantize_checkpoint
+
+    options = {"method": args.method, "pad_in_features": not args.no_pad}
+    if args.group_size is not None:
+        options["group_size"] = args.group_size
+    elif args.quantization == "int4":
+        options["group_size"] = 128
+    try:
+        if args.calibration_file:
+            options["calibration_texts"] = [Path(f).read_text() for f in args.calibration_file]
+        out = quantize_checkpoint(args.model, args.out, args.quantization, options)
+    except (ValueError, TypeError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    llm_bytes = sum(f.stat().st_size for f in Path(out).glob("*.safetensors"))
+    print(f"wrote {out} ({llm_bytes:,} bytes of safetensors); load it with LLM({str(out)!r})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "quantize":
+        return quantize_main(args)
     if getattr(args, "run", None) is not None:  # serve, bench serve
         return args.run(args)
     try:

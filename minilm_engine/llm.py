@@ -18,6 +18,8 @@ from .device import resolve_device, resolve_dtype
 from .inputs import InputProcessor, PromptType
 from .models import load_model, resolve_model_path
 from .outputs import RequestOutput
+from .quantization import weight_bytes
+from .quantization.setup import setup_quantization
 from .request import Request
 from .sampling_params import SamplingParams
 from .strategies import STRATEGIES, Strategy
@@ -42,6 +44,13 @@ class LLM:
             speculative_config ({"model": DRAFT, "num_speculative_tokens": K}: a draft model
             proposes K tokens per step and the target verifies them in one forward; DRAFT is a
             folder, a hub id or "noodle-apprentice").
+        quantization: None, "int8" (per output channel) or "int4" (group-wise): quantize the
+            decoder's projections on load (see minilm_engine/quantization/).  A checkpoint
+            written by `minilm-engine quantize` loads quantized without it.
+        quantization_config: options of the quantization: group_size (int4: 32, 64, 128;
+            default 128), method ("rtn" or "awq", calibrated), calibration_texts (a list of
+            strings; default: held-out noodle-shop text), kernel ("auto", "reference", "cpu",
+            "triton").
     """
 
     def __init__(
@@ -54,6 +63,8 @@ class LLM:
         seed: int = 0,
         strategy: str = "continuous",
         max_model_len: int | None = None,
+        quantization: str | None = None,
+        quantization_config: dict[str, Any] | None = None,
         **engine_args: Any,
     ):
         if strategy not in STRATEGIES:
@@ -75,6 +86,7 @@ class LLM:
         self.model = load_model(self.model_path, dtype=self.dtype, device=self.device)
         self.config = self.model.config
         self.tokenizer = _load_tokenizer(tokenizer or self.model_path)
+        self.quantization = setup_quantization(self.model, self.tokenizer, quantization, quantization_config)
         limit = self.config.max_position_embeddings
         if max_model_len is not None and not (isinstance(max_model_len, int) and 1 < max_model_len <= limit):
             raise ValueError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")
@@ -99,12 +111,20 @@ class LLM:
 
     @property
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        # From the shapes: a quantized layer keeps its weight as buffers, not parameters.
+        return self.config.num_parameters()
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes the weights take on the device (quantized codes, scales and offsets included)."""
+        return weight_bytes(self.model)
 
     def __repr__(self) -> str:
         return (
             f"LLM(model={str(self.model_path)!r}, strategy={self.strategy_name!r}, "
-            f"device={self.device}, dtype={self.dtype}, parameters={self.num_parameters:,})"
+            f"device={self.device}, dtype={self.dtype}, parameters={self.num_parameters:,}"
+            + (f", quantization={self.quantization.describe()}" if self.quantization else "")
+            + ")"
         )
 
     def get_tokenizer(self):

@@ -137,8 +137,18 @@ else
     echo "== benchmarks/spec_decode.py skipped: ${LEFT}s left"
 fi
 
+# -- 3d. weight-only quantization (benchmarks/quantization.py), GPU only, in what is left -------
+LEFT=$((BUDGET_S - SECONDS - 10))
+if [[ $HAS_CUDA == 1 ]] && (( LEFT >= 60 )); then
+    echo "== benchmarks/quantization.py --skip-cpu-speed (limit ${LEFT}s)"
+    timeout -k 10 "$LEFT" "$PYTHON" benchmarks/quantization.py --skip-cpu-speed --threads 8 \
+        --json "$OUT_DIR/quantization.json" 2>&1 | grep -v -e "Writing model shards" | tee "$OUT_DIR/quantization.log"
+elif [[ $HAS_CUDA == 1 ]]; then
+    echo "== benchmarks/quantization.py skipped: ${LEFT}s left"
+fi
+
 # -- 4. the summary ------------------------------------------------------------------------------
-TESTS_SUMMARY="$TESTS_SUMMARY" BENCH_RC="$BENCH_RC" ELAPSED="$SECONDS" "$PYTHON" - "$OUT_DIR/throughput.json" "$OUT_DIR/kernel_bandwidth.json" \
+TESTS_SUMMARY="$TESTS_SUMMARY" BENCH_RC="$BENCH_RC" ELAPSED="$SECONDS" "$PYTHON" - "$OUT_DIR/throughput.json" "$OUT_DIR/kernel_bandwidth.json" "$OUT_DIR/quantization.json" \
     <<'EOF' | tee "$OUT_DIR/summary.txt"
 import json, os, sys
 from pathlib import Path
@@ -191,6 +201,13 @@ if spec.is_file():
     for r in sd["batches"]:
         if r["K"]:
             rows.append((f"speculative decoding, batch {r['batch_size']}", f"{r['speedup']:.2f}x at K = {r['K']}"))
+quant = Path(sys.argv[3])
+if quant.is_file():
+    q = json.loads(quant.read_text())
+    for label, by_batch in q.get("gpu_tokens_per_s", {}).items():
+        base = q["gpu_tokens_per_s"]["bf16"]
+        rows.append((f"quantization, {label}", "  ".join(
+            f"batch {b}: {v:,.0f} tok/s ({v / base[b]:.2f}x bf16)" for b, v in by_batch.items())))
 for label, error in data.get("errors", {}).items():
     rows.append((f"FAILED: {label}", error[:200]))
 if not data:

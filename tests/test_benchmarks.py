@@ -55,6 +55,14 @@ def test_kv_cache_benchmark_runs():
     assert [row[0] for row in rows] == ["8", "16"] and all(row[3].endswith("x") for row in rows), out
 
 
+def test_quantization_benchmark_prints_bytes_and_speed_ratios():
+    out = run([sys.executable, "quantization.py", "--quick", "--tokens", "4"], ROOT / "benchmarks").stdout
+    assert "1. bytes" in out and "2. batch-1 decode on the CPU" in out, out
+    for label in ("int8", "int4 g128"):
+        assert sum(line.strip().startswith(label) for line in out.splitlines()) == 3, out
+    assert "int8, bf16 (cpu kernel)" in out and "int4 g128, fp32 (cpu kernel)" in out, out
+
+
 def test_spec_decode_benchmark_reports_speedups_and_the_formula(tmp_path):
     out = run([sys.executable, "spec_decode.py", "--quick", "--json", str(tmp_path / "spec.json")], ROOT / "benchmarks").stdout
     for number in ("1.", "2.", "3."):

@@ -16,6 +16,7 @@ does.  Every slot nobody writes holds NaN: reading one would poison the output.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -255,3 +256,34 @@ def test_chunked_prefill_equals_whole_prompt(seed):
         write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
         pieces.append(paged_attention_reference(q, k_cache, v_cache, meta))
     torch.testing.assert_close(torch.cat(pieces), whole)
+
+
+def test_the_gather_plan_is_built_once_per_step_and_groups_decodes_and_chunks():
+    rng = random.Random(7)
+    seqs, k_cache, v_cache = random_case(rng, ratio=2, block_size=4)
+    while {s.num_queries == 1 for s in seqs} != {True, False}:  # a step with decodes and chunks
+        seqs, k_cache, v_cache = random_case(rng, ratio=2, block_size=4)
+    write_prefix(seqs, k_cache, v_cache, rng)
+    q, k, v, meta = this_step(seqs, 4)
+    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    first = paged_attention_reference(q, k_cache, v_cache, meta)
+    plan = meta.reference_plan(4, k_cache.shape[2])
+    # Every later layer of the step reuses it: the same object, the same result.
+    torch.testing.assert_close(paged_attention_reference(q, k_cache, v_cache, meta), first, rtol=0, atol=0)
+    assert meta.reference_plan(4, k_cache.shape[2]) is plan
+    assert [g.query_rows.shape[1] == 1 for g in plan.groups] == [True, False] and not plan.covers_all_rows
+    assert sorted(torch.cat([g.out_rows for g in plan.groups]).tolist()) == list(range(q.shape[0]))
+    # Metadata derived from it (dataclasses.replace, as kernel_stats does) plans afresh.
+    assert dataclasses.replace(meta)._reference_plan is None
+
+
+def test_a_pure_decode_step_needs_no_query_gather():
+    rng = random.Random(3)
+    seqs, k_cache, v_cache = random_case(rng, ratio=1, block_size=3)
+    seqs = [PagedSeq(s.keys, s.values, s.queries[-1:], s.block_table) for s in seqs]
+    write_prefix(seqs, k_cache, v_cache, rng)
+    q, k, v, meta = this_step(seqs, 3)
+    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = paged_attention_reference(q, k_cache, v_cache, meta)
+    assert meta.reference_plan(3, k_cache.shape[2]).covers_all_rows
+    torch.testing.assert_close(out, torch.cat([dense_causal(s) for s in seqs]))

@@ -18,8 +18,9 @@ imports this module (never the other way round).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .reference import attention
@@ -42,10 +43,19 @@ class PagedAttentionMetadata:
     context_lens: torch.Tensor
     block_tables: torch.Tensor
     max_query_len: int | None = None
+    # The torch reference's plan of this step, built by its first layer, reused by the others.
+    _reference_plan: ReferencePlan | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return self.context_lens.shape[0]
+
+    def reference_plan(self, block_size: int, num_kv_heads: int) -> ReferencePlan:
+        """`plan_reference_attention` for this step, computed once per cache geometry."""
+        plan = self._reference_plan
+        if plan is None or (plan.block_size, plan.num_kv_heads) != (block_size, num_kv_heads):
+            plan = self._reference_plan = plan_reference_attention(self, block_size, num_kv_heads)
+        return plan
 
 
 def write_kv_reference(
@@ -60,62 +70,112 @@ def write_kv_reference(
 def paged_attention_reference(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedAttentionMetadata
 ) -> torch.Tensor:
-    """q: (N, H, D) flattened queries -> (N, H, D), each sequence over its own cached tokens."""
-    out = torch.empty_like(q)
-    num_queries = meta.query_start_loc[1:] - meta.query_start_loc[:-1]  # (S,)
-    # 1. Decode: one new token per sequence.  The common case once prompts are in, so all
-    #    decoding sequences are gathered and attended in one batch.
-    decoding = (num_queries == 1).nonzero().flatten()
-    if len(decoding):
-        rows = meta.query_start_loc[decoding]  # the token row of each decoding sequence
-        out[rows] = _decode_attention(
-            q[rows], k_cache, v_cache, meta.block_tables[decoding], meta.context_lens[decoding]
+    """q: (N, H, D) flattened queries -> (N, H, D), each sequence over its own cached tokens.
+
+    Sequences are attended in at most two batched calls, decodes (one query each) and prompt
+    chunks (several), each padded to its longest query and context (`AttentionGroup`).  Which
+    rows and slots those are is planned once per step (`meta.reference_plan`) and shared by
+    every layer; a layer only gathers, multiplies and writes back.
+    """
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    # One row of D numbers per (slot, K/V head): a group's keys come out of one gather already
+    # laid out (S, H_kv, L, D), as the matmuls want them.
+    k_rows, v_rows = k_cache.view(-1, head_dim), v_cache.view(-1, head_dim)
+    plan = meta.reference_plan(k_cache.shape[1], num_kv_heads)
+    out = None if plan.covers_all_rows else torch.empty_like(q)
+    for group in plan.groups:
+        num_seqs, num_queries = group.query_rows.shape
+        if out is None:  # one query per sequence, rows in order: no gather needed
+            queries = q.view(num_seqs, 1, *q.shape[1:])
+        else:
+            queries = q.index_select(0, group.query_rows.flatten()).view(num_seqs, num_queries, *q.shape[1:])
+        key_shape = (*group.key_rows.shape, head_dim)  # (S, H_kv, L, D)
+        # index_select rather than k_rows[key_rows]: the same gather, several times faster on a CPU.
+        o = attention(
+            queries.transpose(1, 2),  # (S, H, T, D)
+            k_rows.index_select(0, group.key_rows.flatten()).view(key_shape),
+            v_rows.index_select(0, group.key_rows.flatten()).view(key_shape),
+            group.mask,  # (S, T, L)
         )
-    # 2. Prompts and prompt chunks: one sequence at a time.
-    for i in (num_queries > 1).nonzero().flatten().tolist():
-        start, end = meta.query_start_loc[i].item(), meta.query_start_loc[i + 1].item()
-        out[start:end] = _chunk_attention(
-            q[start:end], k_cache, v_cache, meta.block_tables[i], meta.context_lens[i].item()
-        )
+        o = o.transpose(1, 2).reshape(num_seqs * num_queries, *q.shape[1:])  # (S * T, H, D)
+        if out is None:
+            return o  # a pure decode step: the group is every row, in order
+        out.index_copy_(0, group.out_rows, o.index_select(0, group.real_queries))
     return out
 
 
-def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """(num_blocks, block_size, H_kv, D) cache, (S, W) block ids -> (S, W * block_size, H_kv, D)
-    keys or values of each sequence in token order (positions past its length are junk)."""
-    return cache[block_tables].flatten(1, 2)
+@dataclass(frozen=True)
+class AttentionGroup:
+    """Sequences attended in one batched call: S of them, queries padded to T, keys to L.
+
+    query_rows: (S, T) row of each query in the flattened batch; padding repeats the sequence's
+        last query (so its softmax row is a real one), and its result is dropped
+    key_rows: (S, H_kv, L) row of each key in the cache viewed as (slots * H_kv, D); padding
+        repeats the sequence's first key, a real one, so no slot another request left behind
+        (junk, even NaN, which 0 * NaN would let through) is ever read
+    mask: (S, T, L) bool, True where query t may see key l: causal, inside its own context
+    real_queries: (num_real,) which of the S * T padded queries are real, in row order
+    out_rows: (num_real,) the rows of the flattened output they fill
+    """
+
+    query_rows: torch.Tensor
+    key_rows: torch.Tensor
+    mask: torch.Tensor
+    real_queries: torch.Tensor
+    out_rows: torch.Tensor
 
 
-def _decode_attention(q, k_cache, v_cache, block_tables, context_lens) -> torch.Tensor:
-    """q: (S, H, D), one query per sequence, at the last position of its context -> (S, H, D)."""
-    keys = _gather(k_cache, block_tables)  # (S, L, H_kv, D)
-    values = _gather(v_cache, block_tables)
-    valid = torch.arange(keys.shape[1], device=q.device)[None, :] < context_lens[:, None]  # (S, L)
-    # Slots past a sequence's length hold whatever an earlier request left there: masked out
-    # of the scores, and zeroed so that even a NaN left behind cannot leak through 0 * NaN.
-    values = values.masked_fill(~valid[:, :, None, None], 0)
-    out = attention(
-        q[:, :, None, :],  # (S, H, 1, D)
-        keys.transpose(1, 2),  # (S, H_kv, L, D)
-        values.transpose(1, 2),
-        valid[:, None, :],  # (S, 1, L)
+@dataclass(frozen=True)
+class ReferencePlan:
+    """What the torch reference gathers in one step, for one cache geometry.
+
+    With a single decode group holding rows 0..N-1 in order (`covers_all_rows`: the common
+    step once prompts are in) the queries need no gathering and the output no scattering.
+    """
+
+    block_size: int
+    num_kv_heads: int
+    groups: list[AttentionGroup]
+    covers_all_rows: bool
+
+
+def plan_reference_attention(meta: PagedAttentionMetadata, block_size: int, num_kv_heads: int) -> ReferencePlan:
+    """Split a step's sequences into a decode group and a chunk group and build their indices.
+
+    Built on the host, with numpy (a few microseconds an operation, where a small torch op
+    costs several times that): one read of the step's lengths and tables, none per layer.
+    """
+    starts = meta.query_start_loc.cpu().numpy()
+    num_queries = starts[1:] - starts[:-1]  # (S,)
+    host = (starts, num_queries, meta.context_lens.cpu().numpy(), meta.block_tables.cpu().numpy())
+    decodes, chunks = np.flatnonzero(num_queries == 1), np.flatnonzero(num_queries > 1)
+    device = meta.context_lens.device
+    groups = [_group(host, seqs, block_size, num_kv_heads, device) for seqs in (decodes, chunks) if len(seqs)]
+    return ReferencePlan(block_size, num_kv_heads, groups, covers_all_rows=not len(chunks))
+
+
+def _group(host, seqs: np.ndarray, block_size: int, num_kv_heads: int, device: torch.device) -> AttentionGroup:
+    all_starts, all_num_queries, all_context_lens, all_tables = host
+    starts, num_queries = all_starts[seqs], all_num_queries[seqs]  # (S,)
+    context_lens = all_context_lens[seqs]  # (S,)
+    T, L = int(num_queries.max()), int(context_lens.max())
+    # Query t of a sequence sits at position context_len - num_queries + t (the last ones).
+    t = np.minimum(np.arange(T)[None, :], num_queries[:, None] - 1)  # (S, T)
+    query_rows = starts[:, None] + t
+    query_pos = (context_lens - num_queries)[:, None] + t  # (S, T)
+    key_pos = np.arange(L)  # (L,)
+    mask = key_pos[None, None, :] <= query_pos[:, :, None]  # (S, T, L)
+    # Key l of a sequence: its slot from the block table (see the module docstring).
+    key_pos = np.where(key_pos[None, :] < context_lens[:, None], key_pos[None, :], 0)  # (S, L)
+    block_ids = np.take_along_axis(all_tables[seqs], key_pos // block_size, axis=1)
+    slots = block_ids * block_size + key_pos % block_size  # (S, L)
+    key_rows = slots[:, None, :] * num_kv_heads + np.arange(num_kv_heads)[None, :, None]  # (S, H_kv, L)
+    real_queries = np.flatnonzero(np.arange(T)[None, :] < num_queries[:, None])  # of the S * T
+
+    def to_device(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+    return AttentionGroup(
+        to_device(query_rows), to_device(key_rows), to_device(mask), to_device(real_queries),
+        to_device(query_rows.reshape(-1)[real_queries]),
     )
-    return out[:, :, 0, :]
-
-
-def _chunk_attention(q, k_cache, v_cache, block_table, context_len: int) -> torch.Tensor:
-    """q: (T, H, D), the last T tokens of a sequence of `context_len` -> (T, H, D)."""
-    keys = _gather(k_cache, block_table[None])[0, :context_len]  # (L, H_kv, D)
-    values = _gather(v_cache, block_table[None])[0, :context_len]
-    # The queries are the last T positions: causal within the chunk, full view of the cached
-    # prefix before it.
-    T = q.shape[0]
-    query_pos = torch.arange(context_len - T, context_len, device=q.device)
-    mask = torch.arange(context_len, device=q.device)[None, :] <= query_pos[:, None]  # (T, L)
-    out = attention(
-        q.transpose(0, 1)[None],  # (1, H, T, D)
-        keys.transpose(0, 1)[None],  # (1, H_kv, L, D)
-        values.transpose(0, 1)[None],
-        mask[None],  # (1, T, L)
-    )
-    return out[0].transpose(0, 1)

@@ -40,9 +40,10 @@ def attention(
     group = num_heads // num_kv_heads
     q = q.reshape(B, num_kv_heads, group * T, D)  # rows: (query head in group, token)
     scores = (q @ k.transpose(-1, -2)) * D**-0.5  # (B, H_kv, group * T, S)
-    scores = scores.masked_fill(~mask.repeat(1, group, 1)[:, None], float("-inf"))
+    # The same mask for every query head of a group: broadcast over the group, not copied.
+    scores = scores.view(B, num_kv_heads, group, T, S).masked_fill(~mask[:, None, None], float("-inf"))
     # Softmax in float32: in fp16 the exponentials of long rows lose too much precision.
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(B, num_kv_heads, group * T, S)
     return (probs @ v).reshape(B, num_heads, T, D)
 
 

@@ -75,8 +75,8 @@ def paged_decode_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     positions = tl.arange(0, BLOCK_N)
     for start in range(0, context_len, BLOCK_N):
-        # 2a. Gather the tile's keys and values through the block table: the reference's
-        #     `_gather(k_cache, block_tables)` (masked at context_len), one position at a time.
+        # 2a. Gather the tile's keys and values through the block table: the slots the
+        #     reference's `_group` computes (masked at context_len), one position at a time.
         pos = start + positions
         mask_n = pos < context_len
         block = tl.load(block_tables_ptr + seq * stride_table_seq + pos // block_size, mask=mask_n, other=0)

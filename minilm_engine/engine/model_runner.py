@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 from ..attention.backends import AttentionBackend
-from ..kv_cache.block_manager import BlockManager
 from ..attention.paged import PagedAttentionMetadata
+from ..kv_cache.block_manager import BlockManager
+from ..kv_cache.block_table import slot_mapping as slots_of
 from ..kv_cache.paged import PagedAttention, PagedKVCache
 from ..models import CausalLM
 from ..sampler import sample
@@ -122,14 +123,17 @@ def flatten_chunks(
     query_start_loc = [0]
     context_lens: list[int] = []
     block_tables: list[list[int]] = []
+    block_size = block_manager.block_size
     for request_id, token_ids, start in chunks:
         end = start + len(token_ids)
+        # The scheduler allocated slots for [start, end): the table covers them.
+        table = block_manager.get_block_table(request_id)
         input_ids += token_ids
         positions += range(start, end)
-        slot_mapping += block_manager.slot_mapping(request_id, start, end)
+        slot_mapping += slots_of(table, block_size, start, end)
         query_start_loc.append(len(input_ids))
         context_lens.append(end)
-        block_tables.append(block_manager.get_block_table(request_id))
+        block_tables.append(table)
     width = max(len(t) for t in block_tables)
 
     def as_tensor(values) -> torch.Tensor:

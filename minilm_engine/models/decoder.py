@@ -107,6 +107,8 @@ class CausalLM(nn.Module):
         self.model = DecoderStack(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        # How the projections are quantized (a quantization.QuantizationConfig), or None.
+        self.quantization_config = None
 
     def tie_weights(self) -> None:
         """Small models share the input embedding with the output head (one matrix, two uses)."""

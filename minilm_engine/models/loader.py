@@ -81,6 +81,16 @@ def read_config(folder: Path) -> ModelConfig:
     return ModelConfig.from_hf_dict(raw)
 
 
+def read_quantization_config(folder: Path):
+    """The `quantization_config` entry of config.json as a QuantizationConfig, or None."""
+    raw = json.loads((folder / "config.json").read_text())
+    if "quantization_config" not in raw:
+        return None
+    from ..quantization.config import QuantizationConfig
+
+    return QuantizationConfig.from_checkpoint_dict(raw["quantization_config"])
+
+
 def safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -104,13 +114,21 @@ def load_model(
 
     folder = Path(folder)
     config = read_config(folder)
+    quantization = read_quantization_config(folder)
     # Build on the meta device (no memory, no random init), then materialise on the target.
     with torch.device("meta"):
         model = CausalLM(config)
+        if quantization is not None:  # the projections hold codes and scales, not weights
+            from ..quantization.linear import empty_quantized_model
+
+            empty_quantized_model(model, quantization)
+            model.quantization_config = quantization
     model = model.to_empty(device=device).to(dtype)
     model.tie_weights()  # materialising gave the tied pair two separate tensors
     model.model.rotary.inv_freq = _fresh_inv_freq(config).to(device)
     expected = dict(model.named_parameters())  # tied lm_head appears once, as embed_tokens
+    persistent = model.state_dict(keep_vars=True)
+    expected.update({n: b for n, b in model.named_buffers() if n in persistent})  # quantized codes
     loaded: set[str] = set()
     for file in safetensors_files(folder):
         if not file.is_file():
@@ -131,6 +149,10 @@ def load_model(
                         raise CheckpointError(
                             f"{file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
                             f"config.json implies {tuple(param.shape)}"
+                        )
+                    if tensor.dtype != param.dtype and not param.is_floating_point():
+                        raise CheckpointError(
+                            f"{file.name}: tensor {name!r} is {tensor.dtype}, expected {param.dtype}"
                         )
                     with torch.no_grad():
                         param.copy_(tensor)

@@ -53,8 +53,9 @@ def load_draft_model(config: SpeculativeConfig, target: CausalLM, target_tokeniz
         draft_tokenizer = AutoTokenizer.from_pretrained(str(folder))
     check_draft_fits_target(
         draft.config, target.config, draft_tokenizer, target_tokenizer, max_model_len,
-        draft_num_parameters=sum(p.numel() for p in draft.parameters()),
-        target_num_parameters=sum(p.numel() for p in target.parameters()),
+        # from the shapes: a quantized model keeps its projection weights as buffers
+        draft_num_parameters=draft.config.num_parameters(),
+        target_num_parameters=target.config.num_parameters(),
     )
     return draft
 

@@ -1,0 +1,178 @@
+"""Weight-only quantization, measured: bytes, and batch-1 (and batch-16) decode speed.
+
+A Qwen3-0.6B configuration (shapes from `models/known_configs.py`) with random weights, written
+by this script as a bf16 checkpoint, then quantized with `minilm-engine quantize`'s own function
+(round to nearest; calibration changes quality, not bytes or speed):
+
+    1. bytes of the quantized projection layers (codes + scales + offsets, as stored) vs the
+       same layers in fp16/bf16 (goals: int8 <= 0.52x, int4 g128 <= 0.30x), and the whole
+       checkpoint (embeddings, norms and the unquantized LM head included) beside it
+    2. batch-1 decode tokens/s on the CPU, int8 and int4 vs fp32 (goal: int8 >= 1.5x), each with
+       fp32 and with bf16 activations (torch's operators are vectorized for bf16): decode at
+       batch 1 reads every weight once per token, so fewer bytes should mean more tokens
+    3. on a GPU (when there is one): int8 and int4 vs bf16 at batch 1 and 16 (goal: int4 >=
+       1.8x at batch 1), with the Triton kernels
+
+Each configuration runs in this one process, one model in memory at a time, warmed up first;
+ratios are printed side by side.
+
+    python benchmarks/quantization.py                 # full size: a few minutes on a CPU
+    python benchmarks/quantization.py --quick         # a tiny config: seconds (the smoke test)
+    python benchmarks/quantization.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import add_threads_option, apply_threads_option, sync
+
+from minilm_engine import LLM, SamplingParams
+from minilm_engine.experiments.quantization import Setting, decode_speed_table, write_random_qwen3
+from minilm_engine.models.known_configs import KNOWN_CONFIGS
+from minilm_engine.quantization.checkpoint import quantize_checkpoint
+
+MODEL_ID = "Qwen/Qwen3-0.6B"
+QUICK_OVERRIDES = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+                       bos_token_id=1, eos_token_id=2)
+SCHEMES = {"int8": ("int8", {}), "int4 g128": ("int4", {"group_size": 128})}
+QUANTIZED_NAMES = (".qweight", ".scales", ".offsets", ".input_scales")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a tiny config (CI smoke test)")
+    parser.add_argument("--tokens", type=int, default=None, help="decode tokens timed per run")
+    parser.add_argument("--num-layers", type=int, default=None, help="fewer layers than the real model (faster)")
+    parser.add_argument("--skip-cpu-speed", action="store_true")
+    parser.add_argument("--json", default=None)
+    add_threads_option(parser)
+    return parser.parse_args(argv)
+
+
+def write_random_checkpoint(folder: Path, quick: bool, num_layers: int | None) -> None:
+    fields = {k: v for k, v in KNOWN_CONFIGS[MODEL_ID].items() if k not in ("architectures", "torch_dtype")}
+    if quick:
+        fields.update(QUICK_OVERRIDES)
+    if num_layers:
+        fields["num_hidden_layers"] = num_layers
+    write_random_qwen3(folder, **fields)
+    gc.collect()
+
+
+def tensor_bytes(folder: Path) -> dict[str, int]:
+    from safetensors import safe_open
+
+    sizes = {}
+    for file in folder.glob("*.safetensors"):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_slice(name)
+                numel = 1
+                for d in t.get_shape():
+                    numel *= d
+                sizes[name] = numel * {"BF16": 2, "F16": 2, "F32": 4, "I8": 1, "U8": 1}[t.get_dtype()]
+    return sizes
+
+
+def projection_bytes(sizes: dict[str, int], quantized: bool) -> int:
+    if quantized:
+        return sum(v for k, v in sizes.items() if "_proj" in k and k.endswith(QUANTIZED_NAMES))
+    return sum(v for k, v in sizes.items() if "_proj.weight" in k)
+
+
+def batch_tokens_per_s(llm: LLM, batch_size: int, num_tokens: int, device) -> float:
+    """Output tokens/s of `batch_size` greedy requests decoding together (short prompts)."""
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
+    prompts = [f"Order for table {i}:" for i in range(batch_size)]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    sync(device)
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    sync(device)
+    return batch_size * num_tokens / (time.perf_counter() - start)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    apply_threads_option(args)
+    num_tokens = args.tokens or (8 if args.quick else 24)
+    results: dict = {"model": f"{MODEL_ID} shape{' (tiny, --quick)' if args.quick else ''}, random weights",
+                     "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                            f"{torch.get_num_threads()} torch threads",
+                     "torch": torch.__version__}
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = {"bf16": Path(tmp) / "bf16"}
+        t0 = time.perf_counter()
+        write_random_checkpoint(folders["bf16"], args.quick, args.num_layers)
+        for label, (scheme, options) in SCHEMES.items():
+            folders[label] = quantize_checkpoint(folders["bf16"], Path(tmp) / label.replace(" ", "-"), scheme, options)
+        print(f"checkpoints written and quantized in {time.perf_counter() - t0:.1f} s", flush=True)
+
+        # 1. bytes, as stored (scales in bf16, like the weights they stand for)
+        full = tensor_bytes(folders["bf16"])
+        base_layers, base_total = projection_bytes(full, False), sum(full.values())
+        print(f"\n1. bytes ({results['model']})")
+        print(f"   {'':10} {'projection layers':>24} {'whole checkpoint':>24}")
+        print(f"   {'bf16':10} {base_layers:>16,} 1.000x {base_total:>16,} 1.000x")
+        results["bytes"] = {"bf16": {"layers": base_layers, "total": base_total}}
+        for label in SCHEMES:
+            sizes = tensor_bytes(folders[label])
+            layers, total = projection_bytes(sizes, True), sum(sizes.values())
+            results["bytes"][label] = {"layers": layers, "total": total,
+                                       "layers_ratio": layers / base_layers, "total_ratio": total / base_total}
+            print(f"   {label:10} {layers:>16,} {layers / base_layers:.3f}x {total:>16,} {total / base_total:.3f}x")
+
+        # 2. CPU decode at batch 1
+        if not args.skip_cpu_speed:
+            print(f"\n2. batch-1 decode on the CPU ({results['cpu']}), {num_tokens} tokens, vs fp32")
+            # torch's CPU operators are vectorized for bf16 activations (on an AVX2 CPU the fp32
+            # path was 5-15x slower per call): the quantized models run both ways.
+            settings = [Setting("fp32"), Setting("bf16", dtype="bfloat16")]
+            for label, (scheme, options) in SCHEMES.items():
+                settings += [Setting(f"{label}, fp32", scheme, options), Setting(f"{label}, bf16", scheme, options, "bfloat16")]
+
+            def show(row):
+                name = row["setting"] + ("" if row["kernel"] == "-" else f" ({row['kernel']} kernel)")
+                print(f"   {name:28} {row['tokens_per_s']:8.2f} tok/s  {row['speedup']:.2f}x   "
+                      f"weights {row['weight_bytes'] / 1e6:,.0f} MB", flush=True)
+
+            # quantized on load (round to nearest: the same codes as the checkpoints above)
+            rows = decode_speed_table(folders["bf16"], settings, num_tokens, progress=show)
+            results["cpu_batch1_tokens_per_s"] = {r["setting"]: r["tokens_per_s"] for r in rows}
+
+        # 3. GPU decode at batch 1 and 16
+        if torch.cuda.is_available():
+            device = torch.device("cuda")
+            print(f"\n3. decode on {torch.cuda.get_device_name(device)}, {num_tokens * 4} tokens, bf16 activations")
+            gpu = {}
+            for label in ("bf16", *SCHEMES):
+                llm = LLM(folders[label], device="cuda", dtype="bfloat16", max_num_seqs=16, record_trace=False,
+                          kv_cache_memory=256 << 20)
+                kernel = "-" if label == "bf16" else llm.model.model.layers[0].mlp.up_proj.kernel.name
+                gpu[label] = {b: batch_tokens_per_s(llm, b, num_tokens * 4, device) for b in (1, 16)}
+                print(f"   {label:10} kernel {kernel:9} " + "  ".join(
+                    f"batch {b}: {v:9.1f} tok/s {v / gpu['bf16'][b]:.2f}x" for b, v in gpu[label].items()), flush=True)
+                del llm
+                gc.collect()
+                torch.cuda.empty_cache()
+            results["gpu_tokens_per_s"] = {k: {str(b): v for b, v in d.items()} for k, d in gpu.items()}
+            results["gpu"] = torch.cuda.get_device_name(device)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main())

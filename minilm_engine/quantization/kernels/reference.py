@@ -1,0 +1,22 @@
+"""The readable reference: dequantize the whole weight to the model dtype, then one matmul.
+
+Runs on any device and dtype.  It reads every weight twice (codes in, floats out, then the
+matmul reads the floats), so it saves memory at rest but not bandwidth: the fast kernels
+exist to dequantize inside the matmul instead.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class ReferenceKernel:
+    name = "reference"
+
+    def prepare(self, layer) -> None:
+        pass  # reads the canonical layout
+
+    def linear(self, layer, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., K) -> (..., N)."""
+        return F.linear(x, layer.dequantize(), layer.bias)

@@ -1,0 +1,326 @@
+"""Tests for minilm_engine.quantization: formats, the module swap, kernels, checkpoints, errors.
+
+The schemes are checked against bounds that follow from their definition (an element is off by
+at most half a step); every fast kernel against the readable reference, layer by layer and by
+greedy output token for token; a saved checkpoint against the in-memory model it came from.
+The tiny random checkpoints of conftest.py cover every family (Llama, Mistral, Qwen2 with
+biases, Qwen3 with q/k norms); their hidden sizes (32-64) take int4 group size 32.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from minilm_engine import LLM, SamplingParams
+from minilm_engine.cli import main as cli_main
+from minilm_engine.quantization import QuantizationConfig, QuantizationError, QuantizedLinear, schemes
+from minilm_engine.quantization.calibration import output_error, search_scales
+from minilm_engine.quantization.checkpoint import quantize_checkpoint
+from minilm_engine.quantization.kernels import make_kernel, select_kernel
+from minilm_engine.strategies import STRATEGIES
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16)
+INT8 = QuantizationConfig("int8", group_size=None)
+INT4_G32 = QuantizationConfig("int4", group_size=32)
+
+
+def texts(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+# ----------------------------------------------------------------------------------- schemes
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 6),
+    k=st.integers(1, 80),
+    spread=st.floats(1e-3, 1e3),
+    seed=st.integers(0, 2**16),
+)
+def test_int8_round_trip_within_half_a_step(n, k, spread, seed):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * spread
+    scales = schemes.int8_scales(w)
+    q = schemes.quantize_int8(w, scales)
+    assert q.dtype == torch.int8 and int(q.abs().max()) <= 127
+    error = (schemes.dequantize_int8(q, scales) - w).abs()
+    assert (error <= scales[:, None] / 2 * (1 + 1e-5) + 1e-30).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 5),
+    k=st.integers(1, 150),
+    group_size=st.sampled_from([32, 64, 128]),
+    shift=st.floats(-10, 10),
+    seed=st.integers(0, 2**16),
+)
+def test_int4_round_trip_within_half_a_step(n, k, group_size, shift, seed):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) + shift
+    scales, offsets = schemes.int4_params(w, group_size)
+    codes = schemes.quantize_int4(w, scales, offsets, group_size)
+    assert codes.shape == (n, schemes.padded_in_features(k, group_size))
+    assert int(codes.max()) <= 15
+    back = schemes.dequantize_int4(codes, scales, offsets, k)
+    step = scales.repeat_interleave(group_size, dim=1)[:, :k]  # each element's own group
+    assert ((back - w).abs() <= step / 2 + 1e-5 * (1 + w.abs())).all()
+    # min and max of each group are represented (nearly) exactly: codes 0 and 15
+    assert torch.allclose(back.amin(1), w.amin(1), atol=1e-5 * (1 + shift**2))
+
+
+def test_int4_packing_layout():
+    codes = torch.tensor([[1, 2, 15, 0], [7, 8, 3, 12]], dtype=torch.uint8)
+    packed = schemes.pack_int4(codes)
+    # even column in the low nibble: 1 | 2 << 4 = 0x21
+    assert packed.tolist() == [[0x21, 0x0F], [0x87, 0xC3]]
+    assert torch.equal(schemes.unpack_int4(packed), codes)
+    every = torch.randint(0, 16, (3, 64), dtype=torch.uint8)
+    assert torch.equal(schemes.unpack_int4(schemes.pack_int4(every)), every)
+
+
+def test_outlier_costs_int8_per_channel_only_its_own_row():
+    w = torch.randn(4, 256)
+    w[2, 5] = 100.0  # one outlier in row 2
+    err = (schemes.dequantize_int8(schemes.quantize_int8(w, s := schemes.int8_scales(w)), s) - w).abs()
+    assert err[2].max() > 10 * err[[0, 1, 3]].max()
+
+
+# ------------------------------------------------------------------------- the quantized layer
+@pytest.mark.parametrize("config", [INT8, INT4_G32, QuantizationConfig("int4", group_size=128)])
+@pytest.mark.parametrize("shape", [(16, 32), (20, 48), (64, 320)])
+def test_cpu_kernel_equals_reference_layer(config, shape):
+    torch.manual_seed(0)
+    N, K = shape
+    linear = nn.Linear(K, N, bias=True)
+    reference = QuantizedLinear.from_linear(linear, config, input_scales=torch.rand(K) + 0.5)
+    fast = QuantizedLinear.from_linear(linear, config, input_scales=torch.rand(K) + 0.5)
+    fast.input_scales.copy_(reference.input_scales)
+    fast.qweight, fast.scales = reference.qweight.clone(), reference.scales.clone()
+    if config.scheme == "int4":
+        fast.offsets = reference.offsets.clone()
+    kernel = make_kernel("cpu")
+    kernel.prepare(fast)
+    fast.kernel = kernel
+    for x in (torch.randn(1, K), torch.randn(2, 1, K), torch.randn(3, 7, K)):  # operator, then BLAS
+        torch.testing.assert_close(fast(x), reference(x), rtol=1e-5, atol=1e-5)
+    x = torch.randn(3, 7, K)
+    expected = reference(x)
+    # and the reference is what the dequantized weight gives
+    manual = x @ reference.dequantized_weight().T + linear.bias
+    torch.testing.assert_close(expected, manual.detach(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("config", [QuantizationConfig("int8", group_size=None, scale_dtype="bfloat16"),
+                                    QuantizationConfig("int4", group_size=64, scale_dtype="bfloat16")])
+def test_cpu_kernel_in_bfloat16(config):
+    """bf16 activations take the operators' vectorized path; equal up to bf16 rounding."""
+    torch.manual_seed(0)
+    linear = nn.Linear(320, 96, bias=True).bfloat16()
+    reference = QuantizedLinear.from_linear(linear, config)
+    fast = QuantizedLinear.from_linear(linear, config)
+    kernel = make_kernel("cpu")
+    kernel.prepare(fast)
+    fast.kernel = kernel
+    for M in (1, 5):
+        x = torch.randn(M, 320).bfloat16()
+        torch.testing.assert_close(fast(x).float(), reference(x).float(), rtol=2e-2, atol=3e-2)
+
+
+def test_quantized_layer_is_close_to_the_original():
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 64, bias=False)
+    x = torch.randn(10, 256)
+    exact = linear(x)
+    err8 = (QuantizedLinear.from_linear(linear, INT8)(x) - exact).abs().mean()
+    err4 = (QuantizedLinear.from_linear(linear, INT4_G32)(x) - exact).abs().mean()
+    err4_128 = (QuantizedLinear.from_linear(linear, QuantizationConfig("int4"))(x) - exact).abs().mean()
+    assert err8 < err4 < err4_128 < exact.abs().mean() / 5
+
+
+def test_awq_search_never_loses_to_round_to_nearest():
+    torch.manual_seed(0)
+    W = torch.randn(32, 64)
+    X = torch.randn(200, 64) * torch.linspace(0.1, 10, 64)  # some channels much larger
+    act_mean = X.abs().mean(0)
+    s, alpha = search_scales(W, X, act_mean, INT4_G32)
+    from minilm_engine.quantization.linear import fake_quantize
+
+    awq = output_error(X, W, fake_quantize(W * s, INT4_G32) / s)
+    rtn = output_error(X, W, fake_quantize(W, INT4_G32))
+    assert alpha > 0 and awq < rtn
+
+
+def test_cpu_int4_layout_is_the_operators():
+    from minilm_engine.quantization.kernels.cpu import from_cpu_int4_layout, to_cpu_int4_layout
+
+    for N, K in [(32, 64), (96, 320), (64, 256)]:
+        codes = torch.randint(0, 16, (N, K), dtype=torch.int32)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        assert torch.equal(packed, to_cpu_int4_layout(codes))
+        assert torch.equal(from_cpu_int4_layout(packed).int(), codes)
+
+
+def test_kernel_selection():
+    assert select_kernel("auto", torch.device("cpu"), torch.float32).name == "cpu"
+    assert select_kernel("reference", torch.device("cpu"), torch.float32).name == "reference"
+
+
+# ----------------------------------------------------------- whole models: every architecture
+@pytest.mark.parametrize("scheme,options", [("int8", {}), ("int4", {"group_size": 32})])
+def test_every_architecture_generates_quantized_fast_equals_reference(checkpoint, prompts, scheme, options):
+    # kv_cache: one request at a time, so decode steps have one row and take the operators
+    reference = LLM(checkpoint.path, quantization=scheme, quantization_config={**options, "kernel": "reference"})
+    fast = LLM(checkpoint.path, quantization=scheme, quantization_config=options, strategy="kv_cache")
+    layers = [m for m in fast.model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(layers) == 7 * fast.config.num_hidden_layers
+    assert {m.kernel.name for m in layers} == {"cpu"}
+    expected = texts(reference.generate(prompts, GREEDY, use_tqdm=False))
+    assert texts(fast.generate(prompts, GREEDY, use_tqdm=False)) == expected
+    assert all(len(t) > 0 for t in expected)
+    # Hidden states of a whole forward agree tightly too.
+    from minilm_engine.kv_cache.contiguous import NoKVCache
+
+    ids = torch.tensor([reference.tokenizer.encode(prompts[2])])
+    positions = torch.arange(ids.shape[1])[None]
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():
+        a = reference.model(ids, positions, NoKVCache(valid))
+        b = fast.model(ids, positions, NoKVCache(valid))
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+def test_quantized_weights_are_smaller_and_outputs_stay_close(checkpoints, prompts):
+    path = checkpoints["qwen2"].path  # biases stay in the model dtype
+    full = LLM(path)
+    int8 = LLM(path, quantization="int8")
+    int4 = LLM(path, quantization="int4", quantization_config={"group_size": 32})
+    assert int4.weight_bytes < int8.weight_bytes < full.weight_bytes
+    assert int8.num_parameters == full.num_parameters
+    assert "int4" in repr(int4)
+    first = lambda llm: texts(llm.generate(prompts, GREEDY, use_tqdm=False))  # noqa: E731
+    agree = sum(a[:4] == b[:4] for a, b in zip(first(full), first(int8)))
+    assert agree >= 4  # int8 rarely changes the first tokens of a peaked model
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_serving_strategy_runs_a_quantized_model(checkpoints, prompts, strategy):
+    path = checkpoints["qwen3"].path
+    options = {"group_size": 32}
+    expected = texts(LLM(path, quantization="int4", quantization_config=options, strategy="no_cache").generate(prompts, GREEDY, use_tqdm=False))
+    llm = LLM(path, quantization="int4", quantization_config=options, strategy=strategy)
+    assert texts(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
+
+
+def test_awq_calibration_on_custom_text(checkpoints, prompts):
+    llm = LLM(
+        checkpoints["llama"].path,
+        quantization="int4",
+        quantization_config={"group_size": 32, "method": "awq", "calibration_texts": prompts * 4},
+    )
+    layer = llm.model.model.layers[0].self_attn.q_proj
+    assert layer.input_scales is not None and not torch.all(layer.input_scales == 1)
+    assert len(texts(llm.generate(prompts[:2], GREEDY, use_tqdm=False))[0]) > 0
+
+
+# ------------------------------------------------------------------------------- checkpoints
+@pytest.mark.parametrize("scheme,options", [("int8", {"method": "awq"}), ("int4", {"group_size": 32, "method": "awq"})])
+def test_saved_checkpoint_reloads_to_identical_outputs(checkpoints, prompts, tmp_path, scheme, options):
+    source = checkpoints["mistral"].path
+    out = quantize_checkpoint(source, tmp_path / "q", scheme, options)
+    entry = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert entry["scheme"] == scheme and entry["method"] == "awq"
+    in_memory = LLM(source, quantization=scheme, quantization_config=options)
+    reloaded = LLM(out)
+    assert reloaded.quantization == in_memory.quantization
+    assert reloaded.weight_bytes == in_memory.weight_bytes
+    assert texts(reloaded.generate(prompts, GREEDY, use_tqdm=False)) == texts(
+        in_memory.generate(prompts, GREEDY, use_tqdm=False)
+    )
+    for (name, a), b in zip(in_memory.model.state_dict().items(), reloaded.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    with pytest.raises(QuantizationError, match="already quantized"):
+        LLM(out, quantization="int8")
+    with pytest.raises(QuantizationError, match="already quantized"):
+        quantize_checkpoint(out, tmp_path / "again", "int4")
+    # the kernel is a run-time choice, the format is not
+    assert LLM(out, quantization_config={"kernel": "reference"}).quantization.kernel == "reference"
+    with pytest.raises(QuantizationError, match="only 'kernel'"):
+        LLM(out, quantization_config={"group_size": 64})
+
+
+def test_cli_quantize_writes_a_loadable_checkpoint(checkpoints, tmp_path, capsys):
+    out = tmp_path / "q8"
+    assert cli_main(["quantize", str(checkpoints["qwen2"].path), str(out), "--quantization", "int8"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert LLM(out).quantization.scheme == "int8"
+    assert cli_main(["quantize", str(out), str(tmp_path / "x"), "--quantization", "int4"]) == 2
+    assert "already quantized" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "scheme,options,message",
+    [
+        ("int3", {}, "unknown quantization scheme 'int3'"),
+        ("fp8", None, "supported: int8, int4"),
+        (8, {}, "quantization must be one of"),
+        ("int4", {"group_size": 100}, r"group_size must be one of \(32, 64, 128\)"),
+        ("int8", {"group_size": 32}, "int8 has one scale per output channel"),
+        ("int4", {"method": "gptq"}, "method must be one of"),
+        ("int4", {"groupsize": 32}, "unknown quantization_config keys"),
+        ("int4", {"calibration_texts": "one string"}, "non-empty list of strings"),
+        ("int4", {"kernel": "cuda"}, "kernel must be one of"),
+        ("int4", [1, 2], "quantization_config must be a dict"),
+    ],
+)
+def test_bad_quantization_requests_are_refused(checkpoints, scheme, options, message):
+    with pytest.raises(QuantizationError, match=message):
+        LLM(checkpoints["llama"].path, quantization=scheme, quantization_config=options)
+
+
+def test_group_size_that_does_not_divide_a_layer(checkpoints):
+    path = checkpoints["llama3_rope"].path  # hidden size 48
+    with pytest.raises(QuantizationError, match="does not divide in_features 48 of model.layers.0.self_attn.q_proj"):
+        LLM(path, quantization="int4", quantization_config={"group_size": 32, "pad_in_features": False})
+    padded = LLM(path, quantization="int4", quantization_config={"group_size": 32})  # pads 48 -> 64
+    assert padded.model.model.layers[0].self_attn.q_proj.padded_in_features == 64
+    assert len(texts(padded.generate(["Hello"], GREEDY, use_tqdm=False))[0]) > 0
+
+
+def test_options_without_a_scheme_are_refused(checkpoints):
+    with pytest.raises(QuantizationError, match="without quantization="):
+        LLM(checkpoints["llama"].path, quantization_config={"group_size": 32})
+
+
+def test_foreign_quantized_checkpoint_is_refused(checkpoints, tmp_path):
+    import shutil
+
+    folder = tmp_path / "gptq"
+    shutil.copytree(checkpoints["llama"].path, folder)
+    raw = json.loads((folder / "config.json").read_text())
+    raw["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(QuantizationError, match="quant_method 'gptq'"):
+        LLM(folder)
+
+
+def test_quantized_models_as_speculative_target_and_draft(checkpoints, prompts, tmp_path):
+    """A quantized model is an ordinary model to the engine: as the target (quantized on load)
+    and as the draft (a quantized checkpoint), greedy output equals the target running alone."""
+    import warnings
+
+    path = checkpoints["qwen3"].path
+    options = {"group_size": 32}
+    draft = quantize_checkpoint(path, tmp_path / "draft-int8", "int8")
+    alone = LLM(path, quantization="int4", quantization_config=options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "draft bigger than target" from counting buffers
+        spec = LLM(path, quantization="int4", quantization_config=options,
+                   speculative_config={"model": str(draft), "num_speculative_tokens": 3})
+    assert texts(spec.generate(prompts, GREEDY, use_tqdm=False)) == texts(alone.generate(prompts, GREEDY, use_tqdm=False))
+    stats = spec.engine.spec_decoding_stats
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens > 0  # drafts were verified, some kept

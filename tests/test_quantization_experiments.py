@@ -1,0 +1,104 @@
+"""Tests for experiments/quantization.py: the receipt checker, the held-out windows, and the
+quality and QAT measurements at their smallest sizes (that they run and report sensibly)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from minilm_engine.data.noodle_corpus import make_receipt
+from minilm_engine.experiments.quantization import (
+    Setting,
+    qat_vs_ptq,
+    quality_table,
+    receipt_adds_up,
+    receipt_prompts,
+    windows_of,
+)
+from minilm_engine.quantization import QuantizationConfig
+
+
+def test_real_receipts_add_up_and_broken_ones_do_not():
+    rng = random.Random(0)
+    for _ in range(50):
+        receipt = make_receipt(rng)
+        assert receipt_adds_up(receipt), receipt
+    receipt = make_receipt(random.Random(1))
+    lines = receipt.splitlines()
+    total_line = next(i for i, line in enumerate(lines) if line.startswith("Total:"))
+    wrong_total = lines[:total_line] + ["Total: $0.01"] + lines[total_line + 1 :]
+    assert not receipt_adds_up("\n".join(wrong_total))
+    item = next(i for i, line in enumerate(lines) if " x " in line)
+    wrong_line = lines[:item] + [lines[item].replace(" = $", " = $1")] + lines[item + 1 :]
+    assert not receipt_adds_up("\n".join(wrong_line))
+    items_line = next(i for i, line in enumerate(lines) if line.startswith("Items:"))
+    wrong_count = lines[:items_line] + ["Items: 99"] + lines[items_line + 1 :]
+    assert not receipt_adds_up("\n".join(wrong_count))
+    assert not receipt_adds_up("\n".join(lines[:total_line]))  # cut before the total
+    assert not receipt_adds_up("Receipt #1\nTotal: $0.00")  # no line items
+
+
+def test_receipt_prompts_are_receipt_openings():
+    prompts = receipt_prompts(3)
+    assert prompts == receipt_prompts(3) and all(p.startswith("Receipt #") and p.endswith("\n") and " x " in p for p in prompts)
+
+
+def test_windows_share_one_token_at_the_seams():
+    stream = torch.arange(10)
+    w = windows_of(stream, 3)
+    assert w.tolist() == [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]]
+
+
+@pytest.mark.slow
+def test_quality_table_runs_and_int4_costs_more_than_int8():
+    settings = [Setting("fp32"), Setting("int8 rtn", "int8"), Setting("int4 g32 rtn", "int4", {"group_size": 32})]
+    rows = quality_table("noodle-apprentice", settings, num_heldout_documents=8, num_receipts=2)
+    assert [r["setting"] for r in rows] == ["fp32", "int8 rtn", "int4 g32 rtn"]
+    assert rows[0]["perplexity_change"] == 0 and all(1 < r["perplexity"] < 3 for r in rows)
+    assert abs(rows[1]["perplexity_change"]) < rows[2]["perplexity_change"]
+    assert rows[2]["weight_bytes"] < rows[1]["weight_bytes"] < rows[0]["weight_bytes"]
+    assert all(0 <= r["receipts_add_up"] <= 1 for r in rows)
+
+
+def test_qat_vs_ptq_smallest():
+    result = qat_vs_ptq(config=QuantizationConfig("int4", group_size=128), num_steps=3,
+                        batch_size=2, seq_len=32, num_heldout_documents=4)
+    assert result["float"] < result["ptq"] and math.isfinite(result["qat"])
+    assert len(result["qat_losses"]) == 3 and math.isfinite(result["finetune_ptq"])
+
+
+def test_int4_exercise_checker_passes_the_package_and_explains_wrong_answers():
+    from minilm_engine.teaching.exercises_quantization import int4_exercise, reference_int4
+
+    assert int4_exercise.check(reference_int4).passed
+
+    def not_yet(w, group_size):
+        raise NotImplementedError
+
+    def wrong_type(w, group_size):
+        return w.tolist()
+
+    def per_row(w, group_size):  # one group per row: coarser steps
+        return reference_int4(w, w.shape[1]) if w.shape[1] > group_size else reference_int4(w, group_size)
+
+    def no_rounding(w, group_size):
+        return w + 0.0
+
+    def symmetric(w, group_size):
+        g = w.view(w.shape[0], -1, group_size)
+        scale = g.abs().amax(-1, keepdim=True) / 7
+        return (torch.round(g / scale).clamp(-8, 7) * scale).view_as(w)
+
+    def wrong_shape(w, group_size):
+        return w[:, :1]
+
+    assert "not implemented" in int4_exercise.check(not_yet).message
+    assert "returned a list" in int4_exercise.check(wrong_type).message
+    assert "returned shape" in int4_exercise.check(wrong_shape).message
+    assert "half a step" in int4_exercise.check(per_row).message
+    assert "not the scheme's rounding" in int4_exercise.check(no_rounding).message
+    assert not int4_exercise.check(symmetric).passed
+    assert not int4_exercise.check(lambda w: w).passed  # wrong signature: reported, not raised
