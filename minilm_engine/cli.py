@@ -1,5 +1,8 @@
 """`minilm-engine generate "prompt"`: stream a completion to the terminal and report tokens/s.
-`minilm-engine quantize MODEL OUT --quantization int4`: write a quantized checkpoint."""
+
+`minilm-engine quantize MODEL OUT --quantization int4`: write a quantized checkpoint.
+Also `minilm-engine serve` (entrypoints/cli.py) and `minilm-engine bench serve` (bench/serve.py).
+"""
 
 from __future__ import annotations
 
@@ -38,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--num-speculative-tokens", type=int, default=None,
                      help="tokens the draft proposes per step (with --speculative-model; 0 = off)")
     add_quantize_parser(sub)
+    # Serving: each subcommand sets `run`, which main() calls.
+    from .bench.serve import add_bench_parser
+    from .entrypoints.cli import add_serve_parser
+
+    add_serve_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -93,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "quantize":
         return quantize_main(args)
+    if getattr(args, "run", None) is not None:  # serve, bench serve
+        return args.run(args)
     try:
         params = SamplingParams(
             temperature=args.temperature,

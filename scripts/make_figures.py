@@ -13,8 +13,10 @@ each title says which.
     figures/static_vs_continuous.png    batching.compare_serving, toy_simulator.simulate
     figures/paged_vs_contiguous.png     memory.footprint_table, memory.waste_summary
     figures/chunked_prefill_stall.png   prefill.long_prompt_interference
+    figures/technique_ladder.png        ledger.ladder.run_ladder (and its numbers in
+                                        minilm_engine/ledger/measured/ladder_cpu.json)
 
-    python scripts/make_figures.py                      # all five into figures/, about 3 minutes
+    python scripts/make_figures.py                      # all six into figures/, 5-12 minutes
     python scripts/make_figures.py --quick              # smaller sizes, a smoke run (~20 s),
                                                         # written to a temporary folder
     python scripts/make_figures.py --only paged_vs_contiguous --out-dir /tmp/figs
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import tempfile
@@ -44,6 +47,7 @@ from minilm_engine.data.noodle_corpus import sample_prompts
 from minilm_engine.experiments import batching, kv_growth, memory, prefill
 from minilm_engine.experiments.toy_simulator import simulate
 from minilm_engine.experiments.workloads import LengthMix, mixed_workload
+from minilm_engine.ledger import Ledger, Prices, ladder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL = "noodle-chef"
@@ -452,12 +456,78 @@ def chunked_prefill_stall(sizes: Sizes, out_dir: Path) -> None:
     save(fig, out_dir, "chunked_prefill_stall")
 
 
+# -- 6. the technique ladder (chapter 08) ------------------------------------------------------
+
+# A small cloud machine with 2 vCPUs rents for about this much; only ratios are compared with
+# the seed's claims, so the reference price sets the scale of the cost panel and nothing else.
+LADDER_PRICE = Prices(gpu_cost_per_hour=0.10, currency="$")
+LADDER_JSON = REPO_ROOT / "minilm_engine" / "ledger" / "measured" / "ladder_cpu.json"
+
+
+def technique_ladder(sizes: Sizes, out_dir: Path) -> None:
+    quick = sizes is QUICK
+    workload = ladder.ladder_workload(
+        4 if quick else 16, seed=0,
+        mix=LengthMix(short=(4, 8), long=(16, 24)) if quick else ladder.LADDER_MIX)
+    results = ladder.run_ladder(workload, model=MODEL, device=DEVICE, max_num_seqs=8,
+                                num_repeats=1 if quick else 2, progress=True)
+    table = ladder.ladder_table(results, LADDER_PRICE)
+    print(f"  {workload.num_requests} requests behind a shared system prompt, "
+          f"{workload.num_output_tokens} output tokens, 8 seats")
+    print(table.drop(columns=["adds"]).round(3).to_string())
+    for v in ladder.verdicts(results, LADDER_PRICE):
+        print(f"  {v.claim}: {v.verdict} ({v.measured})")
+    json_path = LADDER_JSON if out_dir == REPO_ROOT / "figures" else out_dir / "ladder_cpu.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(ladder.results_to_json(results), indent=1) + "\n")
+    print(f"  -> {json_path.relative_to(REPO_ROOT) if json_path.is_relative_to(REPO_ROOT) else json_path}")
+
+    names = [r.rung.name for r in results]
+    fig, (ax_tps, ax_cost) = plt.subplots(1, 2)
+    x = range(len(results))
+    measured = [r.measurement for r in results]
+    tps = [m.output_tokens_per_s if m else 0 for m in measured]
+    costs = [ladder_cost(m) if m else 0 for m in measured]
+    colors = [BASELINE if i < 2 else ENGINE for i in x]
+    ax_tps.bar(x, tps, color=colors)
+    ax_cost.bar(x, costs, color=colors)
+    first_cost = next(c for c in costs if c)
+    ax_cost.axhline(first_cost / 3, color=FLOOR, ls="--", lw=1)
+    ax_cost.text(0.45, first_cost / 3, " the seed's 30 -> 10 per Mtok: 3x cheaper than the start",
+                 ha="left", va="bottom", fontsize=8.5, color=FLOOR)
+    for ax, values, fmt in ((ax_tps, tps, "{:,.0f}"), (ax_cost, costs, "${:.2f}")):
+        top = max(values)
+        for i, (r, v) in enumerate(zip(results, values)):
+            if r.available:
+                ax.text(i, v + top * 0.01, fmt.format(v), ha="center", va="bottom", fontsize=8.5)
+            else:
+                ax.bar(i, top * 0.12, color="none", edgecolor=FLOOR, hatch="//", lw=0.8)
+                ax.text(i, top * 0.14, "not in\nthis\nversion", ha="center", va="bottom",
+                        fontsize=8, color=FLOOR)
+        ax.set_xticks(list(x), names, rotation=30, ha="right")
+    ax_tps.set_ylabel("output tokens / s")
+    ax_tps.set_title("throughput, same workload on every rung", loc="left")
+    ax_cost.set_ylabel(f"{LADDER_PRICE.currency} per million output tokens")
+    ax_cost.set_title(f"cost at {LADDER_PRICE.money(LADDER_PRICE.gpu_cost_per_hour)}/h "
+                      "for this machine", loc="left")
+    best = max(tps)
+    titled(fig, f"The technique ladder: {tps[0]:,.0f} -> {best:,.0f} output tokens/s "
+                f"({best / tps[0]:.0f}x), {workload.num_requests} requests, 8 seats")
+    layout(fig)
+    save(fig, out_dir, "technique_ladder")
+
+
+def ladder_cost(measurement) -> float:
+    return Ledger(measurement, LADDER_PRICE).blended_cost_per_mtok
+
+
 FIGURES = {
     "kv_cache_vs_recompute": kv_cache_vs_recompute,
     "decode_step_vs_batch": decode_step_vs_batch,
     "static_vs_continuous": static_vs_continuous,
     "paged_vs_contiguous": paged_vs_contiguous,
     "chunked_prefill_stall": chunked_prefill_stall,
+    "technique_ladder": technique_ladder,
 }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minilm_engine"
 CORE = ("engine", "kv_cache", "attention", "models")
-NOT_CORE = ("teaching", "experiments", "viz")
+NOT_CORE = ("teaching", "experiments", "viz", "ledger")
 
 
 def module_name(path: Path) -> str:

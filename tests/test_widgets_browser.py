@@ -3,7 +3,8 @@
 `test_viz.py` checks the figures and the widget objects from Python; this test checks what only a
 browser can: that JupyterLab's widget manager, anywidget and plotly.js really draw the
 `BatchView` and `MemoryView` widgets, and that clicking Step in the page runs the engine in the
-kernel and redraws the figures.
+kernel and redraws the figures; and that the ledger dashboard's checkboxes and price inputs
+redraw its figure and books.
 
     pytest (this file) ──starts──> jupyter lab (own port, token, root dir, settings dirs)
                        ──drives──> Chromium: open the notebook, Run > Run All Cells, click Step
@@ -55,7 +56,8 @@ SERVER_START_TIMEOUT_S = 40
 KERNEL_RUN_TIMEOUT_MS = 60_000  # kernel start + import torch + load the model + both widgets
 UPDATE_TIMEOUT_MS = 15_000  # one Step click until the redrawn figure is in the page
 
-# The notebook: cell 0 builds the engine, cell 1 shows the BatchView, cell 2 the MemoryView.
+# The notebook: cell 0 builds the engine, cell 1 shows the BatchView, cell 2 the MemoryView,
+# cell 3 the ledger dashboard.
 SETUP_SOURCE = """\
 import torch
 torch.set_num_threads(1)
@@ -75,7 +77,13 @@ memory = viz.MemoryView(llm.engine)
 mw = memory.widget()
 mw
 """
-CELL_SOURCES = [SETUP_SOURCE, BATCH_SOURCE, MEMORY_SOURCE]
+# Cell 3: the ledger dashboard on the ladder shipped with the package, its own live engine.
+DASHBOARD_SOURCE = """\
+from minilm_engine.viz.dashboard import LedgerDashboard
+dashboard = LedgerDashboard(llm=LLM(max_num_seqs=8, num_kv_blocks=128))
+dashboard.widget()
+"""
+CELL_SOURCES = [SETUP_SOURCE, BATCH_SOURCE, MEMORY_SOURCE, DASHBOARD_SOURCE]
 
 # JupyterLab user settings: all cells attached to the DOM (the default windowing leaves
 # offscreen cells unrendered), and no news / update notifications over the page.
@@ -353,6 +361,12 @@ def _run_notebook_and_check(page, server: LabServer) -> None:
     _run_all_cells(page)
 
     batch, memory = outputs.nth(1), outputs.nth(2)
+    # Every cell has run once the last one (the dashboard) is drawn: until then the kernel is
+    # busy, and the widgets above wait for it to send their figures.
+    outputs.nth(3).locator(".js-plotly-plot svg.main-svg").first.wait_for(
+        state="attached", timeout=KERNEL_RUN_TIMEOUT_MS)
+    page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\|\s*Idle$")).wait_for(
+        timeout=KERNEL_RUN_TIMEOUT_MS)
     # Both widgets drawn: plotly's SVG inside each widget output.
     batch.locator(".js-plotly-plot svg.main-svg").first.wait_for(timeout=KERNEL_RUN_TIMEOUT_MS)
     memory.locator(".js-plotly-plot svg.main-svg").first.wait_for(timeout=UPDATE_TIMEOUT_MS)
@@ -402,6 +416,46 @@ def _run_notebook_and_check(page, server: LabServer) -> None:
     assert memory_title_after != memory_title_before, memory_title_after
     pool_text = memory.locator(".js-plotly-plot").inner_text()
     assert "paged pool:" in pool_text and "paged pool: 0 used" not in pool_text, pool_text
+
+    _check_dashboard(page, outputs.nth(3))
+
+
+def _check_dashboard(page, dashboard) -> None:
+    """The ledger dashboard: three tabs, techniques ticked off and prices typed in redraw the
+    pipeline figure and the books in the kernel."""
+    dashboard.locator(".js-plotly-plot svg.main-svg").first.wait_for(
+        state="attached", timeout=UPDATE_TIMEOUT_MS)
+    for title in ("1 · pipeline", "2 · KV cache reuse", "3 · batching"):
+        assert dashboard.get_by_role("tab", name=title).count() == 1, title
+    from minilm_engine.viz.dashboard import LedgerDashboard
+
+    # Every technique ticked: the last rung of the shipped ladder that was measured.
+    _wait_for_title(page, dashboard, f"Optimization pipeline: {LedgerDashboard().selected.rung.name}")
+    books = dashboard.locator(".ledger-books")
+    books_before = books.text_content()
+    # The HTML widget replaces its table on every update: read it afresh through the output.
+    books_changed = """([output, before]) => {
+        const books = output.querySelector('.ledger-books');
+        return books !== null && books.textContent !== before;
+    }"""
+    assert "cost per Mtok output" in books_before and "noodle-chef" in books_before
+    # Tick off the KV cache: the pipeline falls back to the first rung.
+    dashboard.get_by_role("checkbox", name="KV cache", exact=True).uncheck()
+    _wait_for_title(page, dashboard, "Optimization pipeline: no KV cache")
+    page.wait_for_function(books_changed, arg=[dashboard.element_handle(), books_before],
+                           timeout=UPDATE_TIMEOUT_MS)
+    assert "no KV cache" in books.inner_text()
+    # A new GPU price: the books follow.
+    books_now = books.text_content()
+    price = dashboard.locator(".widget-text", has_text="GPU cost / h").locator("input")
+    price.fill("7.5")
+    price.press("Enter")
+    page.wait_for_function(books_changed, arg=[dashboard.element_handle(), books_now],
+                           timeout=UPDATE_TIMEOUT_MS)
+    assert "$7.50/h" in dashboard.locator(".js-plotly-plot .gtitle").first.text_content()
+    # Mode 3: its tab shows the live batch view of the dashboard's own engine.
+    dashboard.get_by_role("tab", name="3 · batching").click()
+    dashboard.get_by_role("button", name="Step").wait_for(timeout=UPDATE_TIMEOUT_MS)
 
 
 if __name__ == "__main__":  # pragma: no cover - a quick manual run

@@ -99,6 +99,10 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # Totals since start, read by the server's /metrics (vLLM's names, without "vllm:").
+        self.num_preemptions = 0
+        self.num_prefix_cache_queries = 0  # prompt tokens looked up when a request is admitted
+        self.num_prefix_cache_hits = 0  # of which found in the prefix cache
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -147,6 +151,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(request)
+            self.num_prefix_cache_queries += request.num_tokens
+            self.num_prefix_cache_hits += num_cached
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_cached  # the prefix hit is in the cache already
             out.scheduled.append(schedule_request(request, num_new, num_cached))
@@ -166,6 +172,7 @@ class Scheduler:
         return budget if self.config.enable_chunked_prefill else 0
 
     def _preempt(self, request: Request) -> None:
+        self.num_preemptions += 1
         self.block_manager.free(request.request_id)
         request.num_computed_tokens = 0
         request.spec_token_ids = []  # drafts of a request that does not run now are stale

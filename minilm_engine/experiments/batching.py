@@ -385,7 +385,17 @@ class ServingRun:
         }
 
 
-def run_workload(llm, workload: Workload) -> ServingRun:
+@dataclass
+class TimedGenerate:
+    """One timed `generate` call: wall time, outputs, and the engine's step records of exactly
+    this call (None for the strategies without a step-wise engine)."""
+
+    wall_s: float
+    outputs: list[RequestOutput]
+    records: list | None
+
+
+def timed_generate(llm, workload: Workload) -> TimedGenerate:
     """Serve `workload` with `llm` in one `generate` call (all requests arrive at once).
 
     For the continuous strategy the engine's trace is cleared first, so afterwards it holds
@@ -397,7 +407,15 @@ def run_workload(llm, workload: Workload) -> ServingRun:
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, workload.sampling_params, use_tqdm=False)
     wall = time.perf_counter() - start
-    num_steps = len(engine.trace.records) if engine is not None else None
+    records = list(engine.trace.records) if engine is not None else None
+    return TimedGenerate(wall, outputs, records)
+
+
+def run_workload(llm, workload: Workload) -> ServingRun:
+    """`timed_generate`, summed up as a `ServingRun`."""
+    timed = timed_generate(llm, workload)
+    wall, outputs = timed.wall_s, timed.outputs
+    num_steps = len(timed.records) if timed.records is not None else None
     return ServingRun.from_outputs(
         llm.strategy_name, llm.strategy.config.max_num_seqs, wall, outputs, num_steps=num_steps
     )

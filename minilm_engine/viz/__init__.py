@@ -5,6 +5,7 @@
     viz.show(viz.BatchView(engine))         # batch slots x engine steps
     viz.show(viz.MemoryView(engine))        # the block pool, and the contiguous alternative
     viz.show(viz.SpecView(engine))          # speculative decoding: drafts accepted / rejected
+    viz.LedgerDashboard(results).show()     # a measured technique ladder in three modes (ch. 08)
 
 Contract: every view has `.figure()` (a `plotly.graph_objects.Figure` of the engine as it is now;
 needs no widget frontend, so it survives headless execution and HTML export) and `.widget()`
@@ -22,8 +23,13 @@ from typing import Literal
 
 from .batch_view import BatchCell, BatchView, batch_cells
 from .colors import PALETTE, RequestColors
+<<<<<<< HEAD
 from .frontend import in_colab, live_renderer
 from .live import EngineControls, LiveView, live_figure, update_live_figure
+=======
+from .dashboard import LedgerDashboard
+from .live import EngineControls, LiveView
+>>>>>>> main
 from .memory_view import (
     BlockCell,
     MemoryView,
@@ -104,6 +110,7 @@ __all__ = [
     "BatchView",
     "BlockCell",
     "EngineControls",
+    "LedgerDashboard",
     "LiveView",
     "MemoryView",
     "MemoryWaste",

@@ -1,0 +1,248 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over one shared `AsyncLLMEngine`.
+
+Contract: `build_app(llm, ...)` returns a FastAPI app whose lifespan starts the engine thread
+and, on shutdown, aborts whatever is still running (every KV block freed).  Routes:
+
+    POST /v1/completions        prompt -> text   (stream: true -> server-sent events)
+    POST /v1/chat/completions   messages -> text (the chat template, see chat_template.py)
+    GET  /v1/models             the served model name(s)
+    GET  /health                200 while the engine thread is alive, 503 otherwise
+    GET  /metrics               Prometheus text format (metrics.py)
+
+Every error is an OpenAI-style body {"error": {"message", "type", "param", "code"}} with a
+4xx status (5xx only for the server's own failures); a bad request never reaches the engine.
+A client that disconnects has its request aborted at once, streamed or not.  With `api_key`
+set, every route but /health needs "Authorization: Bearer <key>".
+
+`serve(llm, host, port)` runs it in the foreground (the CLI); `ServerThread` runs it in a
+background thread on a free loopback port (tests, notebooks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import socket
+import threading
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ...llm import LLM
+from .. import DEFAULT_HOST
+from ..async_engine import AsyncLLMEngine
+from ..chat_template import chat_format_for
+from ..metrics import ServerMetrics
+from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from .serving import APIError, OpenAIServing, sse
+
+
+def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: str | None = None) -> FastAPI:
+    names = served_model_names or [llm.model_path.name]
+    engine = AsyncLLMEngine(llm)
+    metrics = ServerMetrics(engine, names[0])
+    serving = OpenAIServing(engine, names, chat_format_for(llm.tokenizer, llm.model_path))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            engine.shutdown()  # aborts what is left: its blocks go back to the pool
+
+    app = FastAPI(title="minilm-engine OpenAI-compatible server", lifespan=lifespan)
+    app.state.engine, app.state.serving, app.state.metrics = engine, serving, metrics
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        if api_key is not None and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return _error(APIError(401, "Incorrect or missing API key: send the header "
+                                       "'Authorization: Bearer <key>'.", None, "invalid_api_key"))
+        return await call_next(request)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError):
+        return _error(e)
+
+    @app.exception_handler(RuntimeError)
+    async def engine_error(_: Request, e: RuntimeError):  # a failed engine step (the server lives on)
+        return _error(APIError(500, str(e), None, "engine_error", type="server_error"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        message = {404: f"No route {request.method} {request.url.path}; see /docs for the routes.",
+                   405: f"Method {request.method} is not allowed on {request.url.path}."}
+        return _error(APIError(e.status_code, message.get(e.status_code, str(e.detail)), None,
+                               "not_found" if e.status_code == 404 else "method_not_allowed"))
+
+    @app.get("/health")
+    async def health():
+        if not engine.is_running:
+            return _error(APIError(503, "the engine loop is not running", None, "unhealthy", "server_error"))
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        return ModelList(data=[ModelCard(id=n, max_model_len=engine.max_model_len) for n in names]).model_dump()
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request):
+        body = await _parse(raw, CompletionRequest)
+        prepared = serving.prepare_completion(body)
+        return await _answer(raw, serving, prepared, body.stream, serving.stream_completion,
+                             serving.completion_response)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw: Request):
+        body = await _parse(raw, ChatCompletionRequest)
+        prepared = serving.prepare_chat(body)
+        return await _answer(raw, serving, prepared, body.stream, serving.stream_chat, serving.chat_response)
+
+    return app
+
+
+async def _parse(raw: Request, model):
+    data = await raw.body()
+    try:
+        payload = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"The body is not valid JSON: {e}.", None, "invalid_json") from None
+    if not isinstance(payload, dict):
+        raise APIError(400, f"The body must be a JSON object, got {type(payload).__name__}.", None, "invalid_json")
+    try:
+        return model.model_validate(payload)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        detail = first["msg"]
+        if first["type"] == "missing":
+            detail = "this field is required"
+        elif first["type"] == "extra_forbidden":
+            detail = "unknown field (not part of this endpoint's request)"
+        else:
+            detail += f" (got {first.get('input')!r})"
+        raise APIError(400, f"Invalid request: {where}: {detail}.", str(first["loc"][0]) if first["loc"] else None,
+                       "invalid_value") from None
+
+
+async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, streamer, collector):
+    request_stream = await serving.submit(prepared)
+    request_id = prepared.request.request_id
+    if stream:
+        async def events():
+            try:
+                async for line in streamer(prepared, request_stream):
+                    yield line
+            except RuntimeError as e:  # the engine step failed: say so in the stream, then end it
+                yield sse(APIError(500, str(e), None, "engine_error", type="server_error").body())
+            finally:  # finished: ignored; the client left (cancelled here): freed at once
+                serving.engine.abort(request_id)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                          "X-Request-Id": request_id})
+    # Not streamed: still abort when the client goes away before the answer is ready.
+    answer = asyncio.ensure_future(collector(prepared, request_stream))
+    gone = asyncio.ensure_future(_disconnected(raw))
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not answer.done():
+            answer.cancel()
+            serving.engine.abort(request_id)
+    if answer.cancelled():
+        return Response(status_code=499)  # nobody reads it: the client is gone
+    return JSONResponse(answer.result(), headers={"X-Request-Id": request_id})
+
+
+async def _disconnected(raw: Request) -> None:
+    while True:
+        message = await raw.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _error(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+# -- running it ---------------------------------------------------------------------------------
+
+
+def serve(llm: LLM, host: str = DEFAULT_HOST, port: int = 8000, served_model_names: list[str] | None = None,
+          api_key: str | None = None, shutdown_timeout: float = 5.0, log_level: str = "info") -> None:
+    """Serve until Ctrl-C: in-flight requests get `shutdown_timeout` s to finish, then are aborted."""
+    app = build_app(llm, served_model_names, api_key)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout)
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """The server in a background thread of this process (tests, notebooks):
+
+        with ServerThread(llm) as server:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+
+    `app.state.engine` is reachable as `server.engine` (its stats, its `llm`)."""
+
+    def __init__(self, llm: LLM, host: str = DEFAULT_HOST, port: int | None = None,
+                 served_model_names: list[str] | None = None, api_key: str | None = None,
+                 shutdown_timeout: float = 2.0):
+        self.app = build_app(llm, served_model_names, api_key)
+        self.engine: AsyncLLMEngine = self.app.state.engine
+        self.host, self.port = host, port or free_port(host)
+        config = uvicorn.Config(self.app, host=host, port=self.port, log_level="warning",
+                                timeout_graceful_shutdown=shutdown_timeout)
+        self.server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread = threading.Thread(target=self._run, name="minilm-server", daemon=True)
+        self._thread.start()
+        for _ in range(int(timeout / 0.02)):
+            if self.server.started:
+                return self
+            if not self._thread.is_alive():
+                break
+            self._thread.join(0.02)
+        raise RuntimeError(f"the server did not start on {self.url}")
+
+    def _run(self) -> None:
+        try:
+            self.server.run()
+        except SystemExit:  # uvicorn's way of saying startup failed (logged); start() reports it
+            pass
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,133 @@
+"""Chapter 07's pieces: the serving experiments (tiny loads), the request timeline view, and the
+tail-and-goodput exercise's checker."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from minilm_engine.bench.datasets import noodle_requests
+from minilm_engine.bench.serve import BenchConfig, run_benchmark
+from minilm_engine.engine.config import EngineConfig
+from minilm_engine.experiments import serving
+from minilm_engine.teaching.exercises_serving import make_case, reference_tail_and_goodput, tail_and_goodput_exercise
+from minilm_engine.viz.serving_view import ServingView, occupancy, request_spans
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = serving.start_server("noodle-apprentice", "cpu", max_num_seqs=4)
+    yield running
+    running.stop()
+
+
+def test_rate_sweep_and_knee(server):
+    table, results = serving.rate_sweep(server, [20.0, math.inf], output_len=4, seconds_per_rate=0.2,
+                                        min_requests=4, max_requests=6, slo={"ttft": 60_000})
+    assert list(table["offered req/s"]) == [20.0, math.inf] and list(table["requests"]) == [4, 6]
+    assert (table["completed"] == table["requests"]).all() and (table["failed"] == 0).all()
+    assert table.loc[0, "sent req/s"] > 0 and math.isinf(table.loc[1, "sent req/s"])
+    assert np.allclose(table["output tok/s"], table["achieved req/s"] * 4)
+    assert np.allclose(table["goodput req/s"], table["achieved req/s"])
+    assert len(serving.sweep_figure(table).data) == 6
+
+
+def test_knee_is_the_last_rate_kept_up_with():
+    table = pd.DataFrame({"offered req/s": [1.0, 2.0, 4.0, 8.0, math.inf],
+                          "sent req/s": [0.8, 2.1, 4.0, 7.5, math.inf],  # Poisson draws, off their mean
+                          "achieved req/s": [0.78, 1.95, 3.7, 4.1, 4.2]})
+    assert serving.knee(table)["offered req/s"] == 4.0
+    assert serving.knee(table, keep_up=0.95)["offered req/s"] == 1.0
+    assert serving.knee(table, keep_up=0.999)["offered req/s"] == 1.0  # kept up with none: the lowest
+
+
+def test_latency_under_load_and_streaming(server):
+    load = serving.latency_under_load(server, [0, 20], num_probes=2, output_len=4, background_seconds=0.3)
+    assert list(load["background req/s"]) == [0, 20]
+    assert load.loc[0, "background achieved req/s"] == 0 and load.loc[1, "background achieved req/s"] > 0
+    assert (load["your TTFT p50 ms"] > 0).all() and (load["your TTFT max ms"] >= load["your TTFT p50 ms"]).all()
+    streams = serving.streaming_vs_not(server, 50.0, num_requests=3, output_len=4)
+    whole = streams.set_index("mode").loc["whole answer"]
+    assert whole["first text p50 ms"] == whole["last text p50 ms"]  # nothing to see before the end
+
+
+def test_max_num_seqs_dial_starts_and_stops_a_server_each():
+    dial = serving.max_num_seqs_dial("noodle-apprentice", "cpu", [1, 4], num_requests=4, output_len=3, concurrency=4)
+    assert list(dial["max_num_seqs"]) == [1, 4] and (dial["completed"] == 4).all()
+    assert len(serving.dial_figure(dial).data) == 3
+
+
+def test_serving_view_draws_what_the_server_did(server):
+    view = ServingView().follow(server.engine)
+    config = BenchConfig(base_url=server.url, model="noodle-apprentice", ignore_eos=True)
+    result = view.watch(lambda: run_benchmark(config, noodle_requests(8, output_len=3), progress=False),
+                        mode="static")
+    assert result.metrics.num_completed == 8 and len(view.requests) == 8
+    spans = request_spans(view.requests)
+    assert [s.arrival for s in spans] == sorted(s.arrival for s in spans) and spans[0].arrival == 0
+    for s in spans:
+        assert s.arrival <= s.scheduled <= s.first_token <= s.end and not s.aborted
+    times, waiting, running = occupancy(spans, now=spans[-1].end + 1)
+    assert max(running) <= 4  # max_num_seqs
+    assert waiting[-1] == running[-1] == 0 and min(waiting) >= 0
+    assert max(waiting) >= 1  # eight at once on four seats: some queued
+    figure = view.figure()
+    assert [t.name for t in figure.data] == ["queued", "prefill", "decode", "aborted", "running", "waiting"]
+
+
+def test_occupancy_by_hand():
+    from minilm_engine.viz.serving_view import RequestSpan
+
+    spans = [RequestSpan("a", 0.0, 0.0, 0.1, 1.0, False), RequestSpan("b", 0.2, 0.5, 0.6, 0.9, False),
+             RequestSpan("c", 0.3, None, None, 0.4, True)]  # aborted while queued
+    times, waiting, running = occupancy(spans, now=2.0)
+    at = {t: (w, r) for t, w, r in zip(times, waiting, running)}
+    assert at[0.2] == (1, 1) and at[0.3] == (2, 1) and at[0.4] == (1, 1) and at[0.5] == (0, 2)
+    assert at[1.0] == (0, 0) and times[-1] == 2.0
+
+
+def test_exercise_reference_agrees_with_a_plain_computation():
+    rng = random.Random(3)
+    for _ in range(20):
+        case = make_case(rng)
+        ttft_ms = [1000 * (f - s) for s, f in zip(case["sent"], case["first_token"])]
+        good = sum(
+            t <= case["slo_ttft_ms"] and (n == 1 or 1000 * (l - f) / (n - 1) <= case["slo_tpot_ms"])
+            for t, f, l, n in zip(ttft_ms, case["first_token"], case["last_token"], case["num_output_tokens"]))
+        p99, goodput = reference_tail_and_goodput(**case)
+        assert p99 == pytest.approx(np.percentile(ttft_ms, 99))
+        assert goodput == pytest.approx(good / case["duration_s"])
+
+
+def test_exercise_checker_explains_and_never_crashes():
+    assert tail_and_goodput_exercise.check(reference_tail_and_goodput).passed
+    for wrong in (lambda **k: "fast", lambda **k: None, lambda **k: (1.0,), lambda **k: 1 / 0,
+                  lambda **k: (float(np.mean([f - s for s, f in zip(k["sent"], k["first_token"])])), 0.0)):
+        verdict = tail_and_goodput_exercise.check(wrong)
+        assert not verdict.passed and "tail_and_goodput" in verdict.message
+
+
+@pytest.mark.skipif("speculative_config" not in EngineConfig.__dataclass_fields__,
+                    reason="speculative decoding (#9) is not in this checkout yet")
+def test_speculation_at_load_runs_both_configurations_under_both_loads():
+    table = serving.speculation_at_load("noodle-apprentice", "cpu", {"model": "noodle-apprentice",
+                                        "num_speculative_tokens": 2}, num_requests=3, output_len=4,
+                                        busy_concurrency=3)
+    assert list(table["speculation"]) == ["off", "off", "on (K=2)", "on (K=2)"]
+    assert list(table["load"]) == ["one user", "3 users"] * 2
+    assert (table["output tok/s"] > 0).all() and (table["TPOT p50 ms"] > 0).all()
+
+
+def test_serving_view_live_mode_redraws_while_the_load_runs(server, capsys):
+    view = ServingView().follow(server.engine)
+    config = BenchConfig(base_url=server.url, model="noodle-apprentice", ignore_eos=True, request_rate=20.0)
+    result = view.watch(lambda: run_benchmark(config, noodle_requests(6, output_len=3), progress=False),
+                        interval_s=0.05, mode="widget")
+    assert result.metrics.num_completed == 6 and len(view.requests) == 6
+    assert "FigureWidget" in capsys.readouterr().out  # displayed (as text, with no frontend here)
+    with pytest.raises(ZeroDivisionError):  # the load's own error comes back to the caller
+        view.watch(lambda: 1 / 0, mode="static")
