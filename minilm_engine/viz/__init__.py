@@ -23,13 +23,9 @@ from typing import Literal
 
 from .batch_view import BatchCell, BatchView, batch_cells
 from .colors import PALETTE, RequestColors
-<<<<<<< HEAD
+from .dashboard import LedgerDashboard
 from .frontend import in_colab, live_renderer
 from .live import EngineControls, LiveView, live_figure, update_live_figure
-=======
-from .dashboard import LedgerDashboard
-from .live import EngineControls, LiveView
->>>>>>> main
 from .memory_view import (
     BlockCell,
     MemoryView,

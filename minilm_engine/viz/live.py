@@ -152,12 +152,8 @@ class LiveView:
         raise NotImplementedError
 
     def widget(self, controls: bool = True) -> widgets.VBox:
-<<<<<<< HEAD
         """A live figure (with Step / Run / delay controls unless controls=False): a
         FigureWidget, or in Colab an anywidget view (`frontend.live_renderer()`)."""
-=======
-        """A live FigureWidget (with Step / Run / delay controls unless controls=False)."""
->>>>>>> main
         figure_widget = live_figure(self.figure())
         self.figure_widgets.append(figure_widget)
         self._last_redraw_end = time.perf_counter()  # it was just drawn
@@ -243,30 +239,21 @@ class LiveView:
 
 
 def live_figure(figure: go.Figure):
-<<<<<<< HEAD
     """A widget showing `figure` that this frontend can draw: a FigureWidget, or in Colab a
     `PlotlyAnyWidget` (see frontend.py).  Redraw it with `update_live_figure`."""
     if live_renderer() == "anywidget":
         from .anywidget_figure import PlotlyAnyWidget
 
         return PlotlyAnyWidget(figure)
-=======
-    """A widget showing `figure`, for every view and the ledger dashboard; redraw it with
-    `update_live_figure`.  One place to change how live figures are made."""
->>>>>>> main
     return go.FigureWidget(figure)
 
 
 def update_live_figure(widget, figure: go.Figure) -> None:
     """Make a widget from `live_figure` show `figure` (same traces in the same order)."""
-<<<<<<< HEAD
     if isinstance(widget, go.FigureWidget):
         _copy_figure(figure, widget)
     else:
         widget.show_figure(figure)
-=======
-    _copy_figure(figure, widget)
->>>>>>> main
 
 
 def _copy_figure(source: go.Figure, target: go.FigureWidget) -> None:
