@@ -6,10 +6,13 @@ by this script as a bf16 checkpoint, then quantized with `minilm-engine quantize
 
     1. bytes of the quantized projection layers (codes + scales + offsets, as stored) vs the
        same layers in fp16/bf16 (goals: int8 <= 0.52x, int4 g128 <= 0.30x), and the whole
-       checkpoint (embeddings, norms and the unquantized LM head included) beside it
+       checkpoint (embeddings, norms and the unquantized LM head included) beside it, and the
+       bytes one decode step reads (every weight but the embedding table, of which a lookup
+       reads one row; a tied, unquantized head reads the table itself)
     2. batch-1 decode tokens/s on the CPU, int8 and int4 vs fp32 (goal: int8 >= 1.5x), each with
        fp32 and with bf16 activations (torch's operators are vectorized for bf16): decode at
-       batch 1 reads every weight once per token, so fewer bytes should mean more tokens
+       batch 1 reads every weight once per token, so fewer bytes should mean more tokens; and
+       with the LM head quantized too (bf16 activations)
     3. on a GPU (when there is one): int8 and int4 vs bf16 at batch 1 and 16 (goal: int4 >=
        1.8x at batch 1), with the Triton kernels
 
@@ -46,6 +49,9 @@ QUICK_OVERRIDES = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, 
                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
                        bos_token_id=1, eos_token_id=2)
 SCHEMES = {"int8": ("int8", {}), "int4 g128": ("int4", {"group_size": 128})}
+# The LM head quantized too (quantization_config={"lm_head": True}); the tied embedding keeps
+# its table, so the checkpoint grows while what a decode step reads shrinks.
+HEAD_SCHEMES = {f"{label} + head": (scheme, {**options, "lm_head": True}) for label, (scheme, options) in SCHEMES.items()}
 QUANTIZED_NAMES = (".qweight", ".scales", ".offsets", ".input_scales")
 
 
@@ -91,6 +97,13 @@ def projection_bytes(sizes: dict[str, int], quantized: bool) -> int:
     return sum(v for k, v in sizes.items() if "_proj.weight" in k)
 
 
+def bytes_read_per_token(sizes: dict[str, int], tied: bool) -> int:
+    """What one batch-1 decode step reads: every tensor but the embedding table (the lookup reads
+    one row), unless the head is that table (tied and not quantized)."""
+    head_is_table = tied and not any(k.startswith("lm_head.") for k in sizes)
+    return sum(v for k, v in sizes.items() if head_is_table or k != "model.embed_tokens.weight")
+
+
 def batch_tokens_per_s(llm: LLM, batch_size: int, num_tokens: int, device) -> float:
     """Output tokens/s of `batch_size` greedy requests decoding together (short prompts)."""
     params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
@@ -115,23 +128,27 @@ def main(argv=None) -> int:
         folders = {"bf16": Path(tmp) / "bf16"}
         t0 = time.perf_counter()
         write_random_checkpoint(folders["bf16"], args.quick, args.num_layers)
-        for label, (scheme, options) in SCHEMES.items():
+        for label, (scheme, options) in {**SCHEMES, **HEAD_SCHEMES}.items():
             folders[label] = quantize_checkpoint(folders["bf16"], Path(tmp) / label.replace(" ", "-"), scheme, options)
         print(f"checkpoints written and quantized in {time.perf_counter() - t0:.1f} s", flush=True)
 
         # 1. bytes, as stored (scales in bf16, like the weights they stand for)
+        tied = json.loads((folders["bf16"] / "config.json").read_text()).get("tie_word_embeddings", False)
         full = tensor_bytes(folders["bf16"])
         base_layers, base_total = projection_bytes(full, False), sum(full.values())
+        base_read = bytes_read_per_token(full, tied)
         print(f"\n1. bytes ({results['model']})")
-        print(f"   {'':10} {'projection layers':>24} {'whole checkpoint':>24}")
-        print(f"   {'bf16':10} {base_layers:>16,} 1.000x {base_total:>16,} 1.000x")
-        results["bytes"] = {"bf16": {"layers": base_layers, "total": base_total}}
-        for label in SCHEMES:
+        print(f"   {'':16} {'projection layers':>24} {'whole checkpoint':>24} {'read per decode step':>24}")
+        print(f"   {'bf16':16} {base_layers:>16,} 1.000x {base_total:>16,} 1.000x {base_read:>16,} 1.000x")
+        results["bytes"] = {"bf16": {"layers": base_layers, "total": base_total, "read_per_step": base_read}}
+        for label in (*SCHEMES, *HEAD_SCHEMES):
             sizes = tensor_bytes(folders[label])
-            layers, total = projection_bytes(sizes, True), sum(sizes.values())
-            results["bytes"][label] = {"layers": layers, "total": total,
-                                       "layers_ratio": layers / base_layers, "total_ratio": total / base_total}
-            print(f"   {label:10} {layers:>16,} {layers / base_layers:.3f}x {total:>16,} {total / base_total:.3f}x")
+            layers, total, read = projection_bytes(sizes, True), sum(sizes.values()), bytes_read_per_token(sizes, tied)
+            results["bytes"][label] = {"layers": layers, "total": total, "read_per_step": read,
+                                       "layers_ratio": layers / base_layers, "total_ratio": total / base_total,
+                                       "read_ratio": read / base_read}
+            print(f"   {label:16} {layers:>16,} {layers / base_layers:.3f}x {total:>16,} {total / base_total:.3f}x "
+                  f"{read:>16,} {read / base_read:.3f}x")
 
         # 2. CPU decode at batch 1
         if not args.skip_cpu_speed:
@@ -141,10 +158,12 @@ def main(argv=None) -> int:
             settings = [Setting("fp32"), Setting("bf16", dtype="bfloat16")]
             for label, (scheme, options) in SCHEMES.items():
                 settings += [Setting(f"{label}, fp32", scheme, options), Setting(f"{label}, bf16", scheme, options, "bfloat16")]
+            # fp32 activations are slow on these operators (above): the head rows use bf16 only
+            settings += [Setting(f"{label}, bf16", scheme, options, "bfloat16") for label, (scheme, options) in HEAD_SCHEMES.items()]
 
             def show(row):
                 name = row["setting"] + ("" if row["kernel"] == "-" else f" ({row['kernel']} kernel)")
-                print(f"   {name:28} {row['tokens_per_s']:8.2f} tok/s  {row['speedup']:.2f}x   "
+                print(f"   {name:36} {row['tokens_per_s']:8.2f} tok/s  {row['speedup']:.2f}x   "
                       f"weights {row['weight_bytes'] / 1e6:,.0f} MB", flush=True)
 
             # quantized on load (round to nearest: the same codes as the checkpoints above)

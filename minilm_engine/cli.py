@@ -74,6 +74,8 @@ def add_quantize_parser(sub) -> None:
                        help="a text file to calibrate on (repeatable; default: held-out noodle-shop text)")
     quant.add_argument("--no-pad", action="store_true",
                        help="int4: refuse layers whose in_features the group size does not divide")
+    quant.add_argument("--quantize-lm-head", action="store_true",
+                       help="quantize the LM head too (round to nearest); a tied embedding stays full precision")
 
 
 def quantize_main(args) -> int:
@@ -81,7 +83,7 @@ def quantize_main(args) -> int:
 
     from .quantization.checkpoint import quantize_checkpoint
 
-    options = {"method": args.method, "pad_in_features": not args.no_pad}
+    options = {"method": args.method, "pad_in_features": not args.no_pad, "lm_head": args.quantize_lm_head}
     if args.group_size is not None:
         options["group_size"] = args.group_size
     elif args.quantization == "int4":

@@ -324,3 +324,53 @@ def test_quantized_models_as_speculative_target_and_draft(checkpoints, prompts, 
     assert texts(spec.generate(prompts, GREEDY, use_tqdm=False)) == texts(alone.generate(prompts, GREEDY, use_tqdm=False))
     stats = spec.engine.spec_decoding_stats
     assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens > 0  # drafts were verified, some kept
+
+
+# ------------------------------------------------------------------ the LM head, quantized on request
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])  # tied embedding and head; untied
+@pytest.mark.parametrize("scheme,options", [("int8", {}), ("int4", {"group_size": 32})])
+def test_quantized_lm_head_fast_equals_reference_and_reloads(checkpoints, prompts, tmp_path, family, scheme, options):
+    source = checkpoints[family].path
+    options = {**options, "lm_head": True}
+    plain = LLM(source, quantization=scheme, quantization_config={k: v for k, v in options.items() if k != "lm_head"})
+    reference = LLM(source, quantization=scheme, quantization_config={**options, "kernel": "reference"})
+    fast = LLM(source, quantization=scheme, quantization_config=options, strategy="kv_cache")
+    head, embedding = fast.model.lm_head, fast.model.model.embed_tokens
+    assert isinstance(head, QuantizedLinear) and head.kernel.name == "cpu"
+    assert isinstance(plain.model.lm_head, nn.Linear)
+    # untied: the head's float weight is gone; tied: the embedding keeps the table, so the
+    # quantized head is extra memory (what a decode step reads per token still shrinks)
+    tied = fast.config.tie_word_embeddings
+    assert (fast.weight_bytes > plain.weight_bytes) if tied else (fast.weight_bytes < plain.weight_bytes)
+    # the embedding keeps its full-precision table: the lookup is what the source model does
+    full = LLM(source)
+    assert torch.equal(embedding.weight, full.model.model.embed_tokens.weight)
+    # the head is the layer the source head would quantize to: its reference equals dequantize @ x
+    x = torch.randn(3, head.in_features)
+    ref_head = reference.model.lm_head
+    torch.testing.assert_close(ref_head(x), x @ ref_head.dequantized_weight().T)
+    torch.testing.assert_close(head(x[:1]), ref_head(x[:1]), rtol=1e-4, atol=1e-4)
+    expected = texts(reference.generate(prompts, GREEDY, use_tqdm=False))
+    assert texts(fast.generate(prompts, GREEDY, use_tqdm=False)) == expected
+    # a saved checkpoint (the tied embedding written once, the head as codes) reloads identically
+    out = quantize_checkpoint(source, tmp_path / "q", scheme, options)
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["lm_head"] is True
+    reloaded = LLM(out, quantization_config={"kernel": "reference"})
+    assert reloaded.quantization.lm_head and isinstance(reloaded.model.lm_head, QuantizedLinear)
+    assert reloaded.weight_bytes == reference.weight_bytes
+    for (name, a), b in zip(reference.model.state_dict().items(), reloaded.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert texts(reloaded.generate(prompts, GREEDY, use_tqdm=False)) == expected
+    assert texts(LLM(out).generate(prompts, GREEDY, use_tqdm=False)) == expected
+
+
+def test_quantized_lm_head_with_awq_and_the_cli(checkpoints, prompts, tmp_path):
+    source = checkpoints["qwen2"].path
+    llm = LLM(source, quantization="int8", quantization_config={"method": "awq", "lm_head": True})
+    assert llm.model.lm_head.input_scales is None  # the head is round to nearest
+    assert llm.model.model.layers[0].self_attn.q_proj.input_scales is not None
+    out = tmp_path / "q8"
+    assert cli_main(["quantize", str(source), str(out), "--quantization", "int8", "--quantize-lm-head"]) == 0
+    assert LLM(out).quantization.lm_head
+    with pytest.raises(QuantizationError, match="lm_head must be a bool"):
+        LLM(source, quantization="int8", quantization_config={"lm_head": "yes"})

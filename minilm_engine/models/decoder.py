@@ -112,16 +112,17 @@ class CausalLM(nn.Module):
 
     def tie_weights(self) -> None:
         """Small models share the input embedding with the output head (one matrix, two uses)."""
-        if self.config.tie_word_embeddings:
+        # A quantized head (quantization_config={"lm_head": True}) holds codes, not the table.
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.model.embed_tokens.weight.dtype
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext

@@ -39,6 +39,9 @@ class QuantizationConfig:
     pad_in_features: bool = True
     kernel: str = "auto"  # which matmul runs: see kernels/__init__.py
     scale_dtype: str = "float32"  # scales and offsets are rounded to what this dtype holds
+    # Quantize the LM head too (round to nearest, the same scheme).  A tied input embedding
+    # keeps its full-precision table: a lookup reads one row per token, the head reads all.
+    lm_head: bool = False
 
     @property
     def bits(self) -> int:
@@ -81,6 +84,8 @@ class QuantizationConfig:
         n = self.max_calibration_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 16:
             raise QuantizationError(f"max_calibration_tokens must be an int >= 16, got {n!r}")
+        if not isinstance(self.lm_head, bool):
+            raise QuantizationError(f"lm_head must be a bool, got {self.lm_head!r}")
         if not isinstance(self.pad_in_features, bool):
             raise QuantizationError(f"pad_in_features must be a bool, got {self.pad_in_features!r}")
 
@@ -116,7 +121,8 @@ class QuantizationConfig:
 
     def describe(self) -> str:
         group = f", group_size={self.group_size}" if self.scheme == "int4" else ""
-        return f"{self.scheme}{group}, method={self.method}"
+        head = ", lm_head" if self.lm_head else ""
+        return f"{self.scheme}{group}, method={self.method}{head}"
 
     def to_checkpoint_dict(self) -> dict[str, Any]:
         return {
@@ -127,6 +133,7 @@ class QuantizationConfig:
             "method": self.method,
             "pad_in_features": self.pad_in_features,
             "scale_dtype": self.scale_dtype,
+            "lm_head": self.lm_head,
         }
 
     @classmethod
@@ -143,4 +150,5 @@ class QuantizationConfig:
             method=d.get("method", "rtn"),
             pad_in_features=d.get("pad_in_features", True),
             scale_dtype=d.get("scale_dtype", "float32"),
+            lm_head=d.get("lm_head", False),
         )

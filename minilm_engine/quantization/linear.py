@@ -8,7 +8,11 @@ dequantizes then multiplies; the fast ones never build the float weight.
 
 `quantize_model(model, config, calibration)` swaps every projection of the decoder layers
 (q/k/v/o, gate/up/down) in place.  Embeddings, norms and the LM head keep the model dtype:
-they are a small share of a large model's bytes and the most sensitive to rounding.  To the
+they are a small share of a large model's bytes and the most sensitive to rounding.  With
+`config.lm_head` the head is quantized too (round to nearest: calibration covers the
+projections only); a tied input embedding then keeps its own full-precision table, because a
+lookup reads one row per token while the head reads every row, and small models' heads (Qwen3-0.6B:
+a third of the bytes) are what a batch-1 decode step still reads most.  To the
 engine a quantized model is an ordinary `CausalLM`: same forward, same names, same devices.
 
 Buffers of one layer (N = out_features, K = in_features, G = groups per row):
@@ -164,9 +168,17 @@ def projection_layers(model: nn.Module) -> dict[str, nn.Module]:
     }
 
 
+def quantized_layers(model: nn.Module, config: QuantizationConfig) -> dict[str, nn.Module]:
+    """Name -> module of every layer `config` quantizes: the projections, and the head if asked."""
+    layers = projection_layers(model)
+    if config.lm_head:
+        layers["lm_head"] = model.lm_head
+    return layers
+
+
 def check_quantizable(model: nn.Module, config: QuantizationConfig) -> None:
     """Raise a QuantizationError before any work if some layer cannot take `config`."""
-    layers = projection_layers(model)
+    layers = quantized_layers(model, config)
     already = [n for n, m in layers.items() if isinstance(m, QuantizedLinear)]
     if already:
         raise QuantizationError(
@@ -192,7 +204,7 @@ def quantize_model(model: nn.Module, config: QuantizationConfig, calibration=Non
     nearest) supplies each layer's input scales and clip ratios.
     """
     check_quantizable(model, config)
-    for name, linear in projection_layers(model).items():
+    for name, linear in quantized_layers(model, config).items():
         found = calibration.get(name) if calibration is not None else None
         if found is None:
             layer = QuantizedLinear.from_linear(linear, config)
@@ -203,14 +215,14 @@ def quantize_model(model: nn.Module, config: QuantizationConfig, calibration=Non
 
 
 def empty_quantized_model(model: nn.Module, config: QuantizationConfig) -> nn.Module:
-    """Swap the projections for empty QuantizedLinears (same device), for a checkpoint to fill."""
-    for name, linear in projection_layers(model).items():
+    """Swap the quantized layers for empty QuantizedLinears (same device), for a checkpoint to fill."""
+    for name, linear in quantized_layers(model, config).items():
         layer = QuantizedLinear(
             linear.in_features,
             linear.out_features,
             linear.bias is not None,
             config,
-            has_input_scales=config.method == "awq",
+            has_input_scales=config.method == "awq" and name != "lm_head",  # the head is RTN
             dtype=linear.weight.dtype,
             device=linear.weight.device,
         )
