@@ -68,7 +68,7 @@ def test_batched_leading_dims_and_empty():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheme,options", [("int8", {}), ("int4", {"group_size": 32})])
+@pytest.mark.parametrize("scheme,options", [("int8", {}), ("int4", {"group_size": 32}), ("int4", {"group_size": 32, "lm_head": True})])
 def test_triton_greedy_equals_reference(checkpoints, prompts, scheme, options):
     """Token for token through the whole engine (the interpreter is slow: a small run)."""
     path = checkpoints["qwen2"].path
@@ -79,6 +79,8 @@ def test_triton_greedy_equals_reference(checkpoints, prompts, scheme, options):
     fast = LLM(path, device=device, dtype="float32", quantization=scheme,
                quantization_config={**options, "kernel": "triton"})
     assert fast.model.model.layers[0].mlp.up_proj.kernel.name == "triton"
+    if options.get("lm_head"):  # the tied head, quantized, on the same kernel
+        assert fast.model.lm_head.kernel.name == "triton"
     ids = lambda llm: [o.outputs[0].token_ids for o in llm.generate(prompts[:2], params, use_tqdm=False)]  # noqa: E731
     assert ids(fast) == ids(reference)
 
