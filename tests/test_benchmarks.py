@@ -59,8 +59,11 @@ def test_quantization_benchmark_prints_bytes_and_speed_ratios():
     out = run([sys.executable, "quantization.py", "--quick", "--tokens", "4"], ROOT / "benchmarks").stdout
     assert "1. bytes" in out and "2. batch-1 decode on the CPU" in out, out
     for label in ("int8", "int4 g128"):
-        assert sum(line.strip().startswith(label) for line in out.splitlines()) == 3, out
+        # bytes, fp32 and bf16 speed; with the LM head quantized too: bytes and bf16 speed
+        assert sum(line.strip().startswith(label) for line in out.splitlines()) == 5, out
+        assert sum(line.strip().startswith(f"{label} + head") for line in out.splitlines()) == 2, out
     assert "int8, bf16 (cpu kernel)" in out and "int4 g128, fp32 (cpu kernel)" in out, out
+    assert "int8 + head, bf16 (cpu kernel)" in out and "read per decode step" in out, out
 
 
 def test_spec_decode_benchmark_reports_speedups_and_the_formula(tmp_path):
