@@ -19,17 +19,20 @@ from minilm_engine.teaching.exercises_cost_kv import (
     model_config,
 )
 from minilm_engine.teaching.exercises_kernels import decode_kv_bytes_exercise
+from minilm_engine.teaching.exercises_ledger import BREAK_EVEN, GPUS_FOR_LOAD
 from minilm_engine.teaching.exercises_paging import (
     cached_prefix_exercise,
     prefill_chunks_exercise,
     slot_mapping_exercise,
 )
+from minilm_engine.teaching.exercises_serving import tail_and_goodput_exercise
 from minilm_engine.teaching.exercises_spec import tokens_per_round_exercise
 
 ALL = [
     COST_PER_MILLION, continuous_steps, static_padding, KV_BYTES_PER_TOKEN, MAX_CACHED_TOKENS,
     slot_mapping_exercise, cached_prefix_exercise, prefill_chunks_exercise,
-    decode_kv_bytes_exercise, tokens_per_round_exercise,
+    decode_kv_bytes_exercise, tokens_per_round_exercise, tail_and_goodput_exercise, BREAK_EVEN,
+    GPUS_FOR_LOAD,
 ]
 
 
@@ -246,17 +249,10 @@ def test_solutions_show_the_engine_code_and_link_the_worked_solution() -> None:
     assert "_num_tokens_to_compute" in prefill_chunks_exercise.solution().data
 
 
-def test_the_older_form_still_checks() -> None:
-    """`Exercise(name, reference, make_case)` (chapters written before the fixtures) keeps working."""
-    def double(x):
-        return 2 * x
-
-    older = Exercise("double", double, lambda rng: {"x": rng.randint(0, 9)}, compare=lambda g, w: g == w)
-    keyword = Exercise("double", reference=double, make_case=lambda rng: {"x": rng.randint(0, 9)})
-    for exercise in (older, keyword):
-        assert exercise.check(lambda x: x + x).passed and not exercise.check(lambda x: x * x).passed
-        assert exercise.check(lambda x: 2 * x, num_cases=80, seed=3).num_cases == 80
-    with pytest.raises(TypeError, match="make_case"):
-        Exercise("double", double)
+def test_an_exercise_takes_stored_cases_only() -> None:
+    """The older form `Exercise(name, reference, make_case)` is gone: a checker holding the
+    answering function would hand it to the notebook one attribute away."""
     with pytest.raises(TypeError, match="fixture name"):
-        Exercise("neither")
+        Exercise("double", lambda x: 2 * x)
+    with pytest.raises(TypeError):
+        Exercise("double", "tokens_per_round", lambda rng: {})  # no make_case any more

@@ -274,7 +274,8 @@ def test_from_outputs_of_the_engine(checkpoints, prompts) -> None:
 
 
 def test_break_even_exercise_by_hand_and_its_checker() -> None:
-    from minilm_engine.teaching.exercises_ledger import BREAK_EVEN, break_even_output_price
+    from minilm_engine.teaching.exercises_ledger import BREAK_EVEN
+    from minilm_engine.teaching.exercises_ledger import engine_break_even_output_price as break_even_output_price
 
     # $3.60/h at 50% utilization = $7.20 per serving hour; inputs earn 3.6 M * $0.10 = $0.36;
     # ($7.20 - $0.36) / 3.6 M output tokens = $1.90 per million.
@@ -293,7 +294,8 @@ def test_break_even_exercise_by_hand_and_its_checker() -> None:
 
 
 def test_gpus_for_load_exercise_and_its_checker() -> None:
-    from minilm_engine.teaching.exercises_ledger import GPUS_FOR_LOAD, gpus_for_load
+    from minilm_engine.teaching.exercises_ledger import GPUS_FOR_LOAD
+    from minilm_engine.teaching.exercises_ledger import engine_gpus_for_load as gpus_for_load
 
     sweep = [{"tokens_per_s": 300, "p99_ttft_s": 0.05}, {"tokens_per_s": 900, "p99_ttft_s": 0.4},
              {"tokens_per_s": 1200, "p99_ttft_s": 3.0}]

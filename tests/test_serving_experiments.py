@@ -14,7 +14,7 @@ from minilm_engine.bench.datasets import noodle_requests
 from minilm_engine.bench.serve import BenchConfig, run_benchmark
 from minilm_engine.engine.config import EngineConfig
 from minilm_engine.experiments import serving
-from minilm_engine.teaching.exercises_serving import make_case, reference_tail_and_goodput, tail_and_goodput_exercise
+from minilm_engine.teaching.exercises_serving import engine_tail_and_goodput, make_case, tail_and_goodput_exercise
 from minilm_engine.viz.serving_view import ServingView, occupancy, request_spans
 
 
@@ -90,7 +90,7 @@ def test_occupancy_by_hand():
     assert at[1.0] == (0, 0) and times[-1] == 2.0
 
 
-def test_exercise_reference_agrees_with_a_plain_computation():
+def test_exercise_answers_agree_with_a_plain_computation():
     rng = random.Random(3)
     for _ in range(20):
         case = make_case(rng)
@@ -98,13 +98,13 @@ def test_exercise_reference_agrees_with_a_plain_computation():
         good = sum(
             t <= case["slo_ttft_ms"] and (n == 1 or 1000 * (l - f) / (n - 1) <= case["slo_tpot_ms"])
             for t, f, l, n in zip(ttft_ms, case["first_token"], case["last_token"], case["num_output_tokens"]))
-        p99, goodput = reference_tail_and_goodput(**case)
+        p99, goodput = engine_tail_and_goodput(**case)
         assert p99 == pytest.approx(np.percentile(ttft_ms, 99))
         assert goodput == pytest.approx(good / case["duration_s"])
 
 
 def test_exercise_checker_explains_and_never_crashes():
-    assert tail_and_goodput_exercise.check(reference_tail_and_goodput).passed
+    assert tail_and_goodput_exercise.check(engine_tail_and_goodput).passed
     for wrong in (lambda **k: "fast", lambda **k: None, lambda **k: (1.0,), lambda **k: 1 / 0,
                   lambda **k: (float(np.mean([f - s for s, f in zip(k["sent"], k["first_token"])])), 0.0)):
         verdict = tail_and_goodput_exercise.check(wrong)

@@ -24,7 +24,15 @@ from ..spec_decode.metrics import expected_tokens_per_round
 from ..experiments.cost import cost_per_million_tokens
 from ..experiments.kv_growth import kv_bytes_per_token, max_cached_tokens
 from ..experiments.toy_simulator import continuous_num_steps, static_padding_waste
-from . import exercises_batching, exercises_cost_kv, exercises_kernels, exercises_paging, exercises_spec
+from . import (
+    exercises_batching,
+    exercises_cost_kv,
+    exercises_kernels,
+    exercises_ledger,
+    exercises_paging,
+    exercises_serving,
+    exercises_spec,
+)
 from .exercises import FIXTURES_DIR
 
 NUM_CASES = 50
@@ -82,6 +90,17 @@ SOURCES: dict[str, FixtureSource] = {
     ),
     "tokens_per_round": FixtureSource(
         exercises_spec.make_tokens_per_round_case, lambda raw: expected_tokens_per_round(**raw)
+    ),
+    "tail_and_goodput": FixtureSource(
+        exercises_serving.make_case,
+        lambda raw: [float(v) for v in exercises_serving.engine_tail_and_goodput(**raw)],  # JSON: a list
+    ),
+    "break_even_output_price": FixtureSource(
+        exercises_ledger.make_break_even_case,
+        lambda raw: exercises_ledger.engine_break_even_output_price(**raw),
+    ),
+    "gpus_for_load": FixtureSource(
+        exercises_ledger.make_fleet_case, lambda raw: exercises_ledger.engine_gpus_for_load(**raw)
     ),
 }
 

@@ -19,7 +19,6 @@ import inspect
 import json
 import math
 import numbers
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -74,10 +73,8 @@ class Exercise:
     def __init__(
         self,
         name: str,
-        fixture: str | Callable[..., Any] | None = None,
-        make_case: Callable[[random.Random], dict[str, Any]] | None = None,
+        fixture: str,
         *,
-        reference: Callable[..., Any] | None = None,
         decode: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         compare: Callable[[Any, Any], bool] = exact,
         hint: str = "",
@@ -86,22 +83,9 @@ class Exercise:
     ):
         """fixture: the stored cases' file name in fixtures/ (without .json);
         shows: the package code the solution reveals, as "module:qualname" strings;
-        solutions: the notebook in notebooks/solutions/ with the worked solution.
-
-        The older form `Exercise(name, reference, make_case)` (a reference function and a case
-        maker, cases drawn and answered in memory) still works, but its reference is one
-        attribute away from the notebook: new exercises store their cases (see
-        exercise_fixtures.py)."""
-        if callable(fixture):
-            reference, fixture = fixture, None
-        if (fixture is None) == (reference is None):
-            raise TypeError(f"{name}: give a fixture name, or (the older form) a reference and make_case")
-        if reference is not None:
-            if make_case is None:
-                raise TypeError(f"{name}: a reference needs a make_case to draw cases from")
-            self.reference, self.make_case = reference, make_case
-            if not shows:
-                shows = (f"{reference.__module__}:{reference.__qualname__}",)
+        solutions: the notebook in notebooks/solutions/ with the worked solution."""
+        if not isinstance(fixture, str):
+            raise TypeError(f"{name}: give the stored cases' fixture name (see exercise_fixtures.py)")
         self.name = name
         self.fixture = fixture
         self.decode = decode or (lambda raw: dict(raw))
@@ -112,24 +96,10 @@ class Exercise:
 
     @cached_property
     def cases(self) -> list[dict[str, Any]]:
-        if self.fixture is not None:
-            return json.loads((FIXTURES_DIR / f"{self.fixture}.json").read_text())
-        return self.drawn_cases(0)
+        return json.loads((FIXTURES_DIR / f"{self.fixture}.json").read_text())
 
-    def drawn_cases(self, seed: int, num_cases: int = 50) -> list[dict[str, Any]]:
-        """The older form's cases: drawn by make_case, answered by the reference."""
-        rng = random.Random(seed)
-        cases = []
-        for _ in range(num_cases):
-            case = self.make_case(rng)
-            cases.append({"inputs": case, "expected": self.reference(**case)})
-        return cases
-
-    def check(self, fn: Callable[..., Any], num_cases: int | None = None, seed: int = 0) -> CheckResult:
-        if self.fixture is None and (seed != 0 or (num_cases or 50) > 50):
-            cases = self.drawn_cases(seed, num_cases or 50)
-        else:
-            cases = self.cases[:num_cases] if num_cases else self.cases
+    def check(self, fn: Callable[..., Any], num_cases: int | None = None) -> CheckResult:
+        cases = self.cases[:num_cases] if num_cases else self.cases
         if not callable(fn):
             return CheckResult(False, 0, f"{self.name}: pass your function itself, got {fn!r}")
         for i, stored in enumerate(cases):

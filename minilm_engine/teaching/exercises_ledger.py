@@ -1,7 +1,8 @@
 """The "Your turn" exercises of chapter 08 (the cost ledger).
 
-Each reference is a thin wrapper over the package's own ledger (`minilm_engine.ledger`), taking
-plain numbers, so a learner can write it with nothing but arithmetic.  The random cases are built
+The stored cases (teaching/fixtures/break_even_output_price.json, gpus_for_load.json) are
+answered by thin wrappers over the package's own ledger (`minilm_engine.ledger`), taking plain
+numbers, so a learner can write them with nothing but arithmetic.  The random cases are built
 so that the usual slips fail: forgetting that idle hours are paid too (utilization), pricing a
 million tokens per second instead of per hour, forgetting the input tokens' revenue, taking the
 fastest sweep point instead of the fastest that meets the SLO, and rounding a fleet down.
@@ -18,7 +19,7 @@ from .exercises import Exercise
 _PROVENANCE = Provenance(machine="exercise", model="exercise", source="exercise")
 
 
-def break_even_output_price(
+def engine_break_even_output_price(
     gpu_cost_per_hour: float, utilization: float, output_tokens_per_s: float,
     input_tokens_per_s: float, input_price_per_mtok: float,
 ) -> float:
@@ -34,7 +35,7 @@ def break_even_output_price(
     return Ledger(measurement, prices).break_even_output_price()
 
 
-def gpus_for_load(target_tokens_per_s: float, sweep: list[dict], p99_ttft_limit_s: float) -> int | None:
+def engine_gpus_for_load(target_tokens_per_s: float, sweep: list[dict], p99_ttft_limit_s: float) -> int | None:
     """GPUs needed to serve `target_tokens_per_s` output tokens per second when each GPU may be
     loaded only as far as the sweep point with the most tokens/s whose p99 TTFT is within the
     limit; None when no point of the sweep meets the limit.
@@ -54,7 +55,7 @@ def gpus_for_load(target_tokens_per_s: float, sweep: list[dict], p99_ttft_limit_
     return gpus_needed(target_tokens_per_s, best.output_tokens_per_s)
 
 
-def _break_even_case(rng: random.Random) -> dict:
+def make_break_even_case(rng: random.Random) -> dict:
     return {
         "gpu_cost_per_hour": round(rng.uniform(0.5, 12.0), 2),
         "utilization": rng.choice([1.0, 0.8, 0.6, 0.45, 0.3]),
@@ -64,7 +65,7 @@ def _break_even_case(rng: random.Random) -> dict:
     }
 
 
-def _fleet_case(rng: random.Random) -> dict:
+def make_fleet_case(rng: random.Random) -> dict:
     # Throughput rises with load, and so does the tail latency: the usual knee.
     rates = sorted(rng.sample(range(1, 64), rng.randint(2, 6)))
     base = rng.uniform(50, 2000)
@@ -97,20 +98,22 @@ def _same_count(got, want) -> bool:
 BREAK_EVEN = Exercise(
     "break_even_output_price(gpu_cost_per_hour, utilization, output_tokens_per_s, "
     "input_tokens_per_s, input_price_per_mtok)",
-    reference=break_even_output_price,
-    make_case=_break_even_case,
+    "break_even_output_price",  # cases answered by engine_break_even_output_price (ledger.Ledger)
     compare=_close,
     hint="Per hour: the machine costs gpu_cost_per_hour / utilization per hour of serving "
     "(idle hours are paid too); subtract what the input tokens of that hour earn; divide the "
     "rest by the millions of output tokens of that hour.",
+    shows=("minilm_engine.ledger:Ledger.break_even_output_price",),
+    solutions="08_cost_ledger_solutions.ipynb",
 )
 
 GPUS_FOR_LOAD = Exercise(
     "gpus_for_load(target_tokens_per_s, sweep, p99_ttft_limit_s)",
-    reference=gpus_for_load,
-    make_case=_fleet_case,
+    "gpus_for_load",  # cases answered by engine_gpus_for_load (ledger.throughput_at_slo, gpus_needed)
     compare=_same_count,
     hint="Keep only the sweep points whose p99_ttft_s is within the limit; the best of those "
     "sets what one GPU may carry; a fleet is a whole number of GPUs (math.ceil); None when no "
     "point qualifies.",
+    shows=("minilm_engine.ledger:throughput_at_slo", "minilm_engine.ledger:gpus_needed"),
+    solutions="08_cost_ledger_solutions.ipynb",
 )
