@@ -8,13 +8,14 @@ import time
 import torch
 
 
-def add_threads_option(parser: argparse.ArgumentParser) -> None:
+def add_threads_option(parser: argparse.ArgumentParser, default: int = 1, why: str | None = None) -> None:
     parser.add_argument(
         "--threads",
         type=int,
-        default=1,
-        help="torch CPU threads (1: small models gain nothing from more, and a busy machine "
-        "makes extra threads very slow)",
+        default=default,
+        help=f"torch CPU threads (default {default}: "
+        + (why or "small models gain nothing from more, and a busy machine makes extra threads very slow")
+        + ")",
     )
 
 

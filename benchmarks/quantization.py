@@ -16,8 +16,10 @@ by this script as a bf16 checkpoint, then quantized with `minilm-engine quantize
     3. on a GPU (when there is one): int8 and int4 vs bf16 at batch 1 and 16 (goal: int4 >=
        1.8x at batch 1), with the Triton kernels
 
-Each configuration runs in this one process, one model in memory at a time, warmed up first;
-ratios are printed side by side.
+Each configuration runs in this one process, warmed up first, with the fp32 model kept in memory
+beside it: every decode run of a setting is paired with an fp32 run just before it, and a row's
+ratio is the median of its pairs' (`--repeats`, default 3), so a machine whose load changes
+during the script moves both sides of a ratio. The CPU part uses every core by default.
 
     python benchmarks/quantization.py                 # full size: a few minutes on a CPU
     python benchmarks/quantization.py --quick         # a tiny config: seconds (the smoke test)
@@ -62,7 +64,12 @@ def parse_args(argv=None):
     parser.add_argument("--num-layers", type=int, default=None, help="fewer layers than the real model (faster)")
     parser.add_argument("--skip-cpu-speed", action="store_true")
     parser.add_argument("--json", default=None)
-    add_threads_option(parser)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="decode runs per setting, each paired with an fp32 run (medians are reported)")
+    # Decode of a 0.6B model reads ~1-2 GB per token: one core cannot keep the memory busy
+    # (torch's int8 operator ran at ~8 GB/s on one AVX2 core, ~14 GB/s on two).
+    add_threads_option(parser, default=os.cpu_count() or 1,
+                       why="every core: one core cannot keep the memory busy for a model this size")
     return parser.parse_args(argv)
 
 
@@ -152,7 +159,8 @@ def main(argv=None) -> int:
 
         # 2. CPU decode at batch 1
         if not args.skip_cpu_speed:
-            print(f"\n2. batch-1 decode on the CPU ({results['cpu']}), {num_tokens} tokens, vs fp32")
+            print(f"\n2. batch-1 decode on the CPU ({results['cpu']}), {num_tokens} tokens, vs fp32 "
+                  f"(median of {args.repeats} runs, each beside an fp32 run)")
             # torch's CPU operators are vectorized for bf16 activations (on an AVX2 CPU the fp32
             # path was 5-15x slower per call): the quantized models run both ways.
             settings = [Setting("fp32"), Setting("bf16", dtype="bfloat16")]
@@ -161,14 +169,22 @@ def main(argv=None) -> int:
             # fp32 activations are slow on these operators (above): the head rows use bf16 only
             settings += [Setting(f"{label}, bf16", scheme, options, "bfloat16") for label, (scheme, options) in HEAD_SCHEMES.items()]
 
+            speedups = {}
+            print(f"   {'':36} {'':>14} {'vs fp32':>7} {'vs bf16':>7}")
+
             def show(row):
                 name = row["setting"] + ("" if row["kernel"] == "-" else f" ({row['kernel']} kernel)")
-                print(f"   {name:36} {row['tokens_per_s']:8.2f} tok/s  {row['speedup']:.2f}x   "
-                      f"weights {row['weight_bytes'] / 1e6:,.0f} MB", flush=True)
+                runs = "/".join(f"{r:.2f}" for r in row["runs"])
+                # bf16 alone halves what fp32 reads: this column is what quantization adds to it
+                speedups[row["setting"]] = row["speedup"]
+                bf16_ratio = f"{row['speedup'] / speedups['bf16']:5.2f}x" if "bf16" in speedups else "     -"
+                print(f"   {name:36} {row['tokens_per_s']:8.2f} tok/s  {row['speedup']:5.2f}x {bf16_ratio}   "
+                      f"weights {row['weight_bytes'] / 1e6:,.0f} MB   runs {runs}", flush=True)
 
             # quantized on load (round to nearest: the same codes as the checkpoints above)
-            rows = decode_speed_table(folders["bf16"], settings, num_tokens, progress=show)
+            rows = decode_speed_table(folders["bf16"], settings, num_tokens, progress=show, repeats=args.repeats)
             results["cpu_batch1_tokens_per_s"] = {r["setting"]: r["tokens_per_s"] for r in rows}
+            results["cpu_batch1_speedup_vs_fp32"] = {r["setting"]: r["speedup"] for r in rows}
 
         # 3. GPU decode at batch 1 and 16
         if torch.cuda.is_available():

@@ -82,6 +82,7 @@ class LLM:
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.model_name = str(model)  # as the caller named it: a shipped model, a hub id or a folder
         self.model_path = resolve_model_path(model)
         self.model = load_model(self.model_path, dtype=self.dtype, device=self.device)
         self.config = self.model.config
@@ -121,7 +122,7 @@ class LLM:
 
     def __repr__(self) -> str:
         return (
-            f"LLM(model={str(self.model_path)!r}, strategy={self.strategy_name!r}, "
+            f"LLM(model={self.model_name!r}, strategy={self.strategy_name!r}, "
             f"device={self.device}, dtype={self.dtype}, parameters={self.num_parameters:,}"
             + (f", quantization={self.quantization.describe()}" if self.quantization else "")
             + ")"

@@ -40,6 +40,8 @@ def test_gpu_check_dry_run_runs_the_tests_and_the_throughput_benchmark(tmp_path)
     # A run that produced fewer tokens than asked says so in its note.
     assert not any("produced" in r["note"] for r in runs.values())
     assert data["minilm_batch1_tokens_per_s"] > 0 and data["ceiling_tokens_per_s"] > 0
+    # batch 1 alternates the two systems; the ratio printed is the median of the pairs'
+    assert len(data["minilm_batch1_runs"]) == len(data["hf_batch1_runs"]) == len(data["batch1_pair_ratios"]) == 3
     assert "no CUDA graphs (eager)" in data["minilm-engine"]
 
 

@@ -269,6 +269,14 @@ def test_a_refused_prompt_does_not_shift_later_request_ids(checkpoints):
     assert out.request_id == "0"  # the refused prompt took no id (ids seed the sampling)
 
 
+def test_repr_names_the_model_as_the_caller_did():
+    # a shipped model by its name, not the folder it resolves to on this machine (notebook
+    # outputs are committed and read on other machines)
+    llm = LLM("noodle-apprentice", record_trace=False)
+    assert repr(llm).startswith("LLM(model='noodle-apprentice', strategy='continuous', device=cpu")
+    assert llm.model_path.is_dir() and llm.model_path.name == "noodle-apprentice"
+
+
 def test_bad_llm_arguments(checkpoints):
     path = checkpoints["llama"].path
     with pytest.raises(ValueError, match=r"strategy must be one of .*'kv_cache'.*got 'paged'"):

@@ -12,6 +12,7 @@ import torch
 from minilm_engine.data.noodle_corpus import make_receipt
 from minilm_engine.experiments.quantization import (
     Setting,
+    decode_speed_table,
     qat_vs_ptq,
     quality_table,
     receipt_adds_up,
@@ -61,6 +62,24 @@ def test_quality_table_runs_and_int4_costs_more_than_int8():
     assert abs(rows[1]["perplexity_change"]) < rows[2]["perplexity_change"]
     assert rows[2]["weight_bytes"] < rows[1]["weight_bytes"] < rows[0]["weight_bytes"]
     assert all(0 <= r["receipts_add_up"] <= 1 for r in rows)
+
+
+def test_decode_speed_table_pairs_every_run_with_a_baseline_run(monkeypatch):
+    from minilm_engine.experiments import launches
+
+    # Each run's speed is its engine's weight bytes divided by a "machine load" that changes on
+    # every run: a ratio of two unpaired medians would mix loads, the pairs' ratios do not.
+    loads = iter([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0] * 4)
+    monkeypatch.setattr(launches, "decode_tokens_per_s",
+                        lambda llm, prompt, n: 1.0 if n == 2 else llm.weight_bytes / next(loads))
+    settings = [Setting("fp32"), Setting("int8", "int8"), Setting("int4 g32", "int4", {"group_size": 32})]
+    rows = decode_speed_table("noodle-apprentice", settings, num_tokens=3, repeats=3)
+    assert [r["setting"] for r in rows] == ["fp32", "int8", "int4 g32"]
+    assert [len(r["runs"]) for r in rows] == [3, 3, 3]
+    assert rows[0]["speedup"] == 1.0 and rows[0]["kernel"] == "-" and rows[1]["kernel"] != "-"
+    # a run right after its baseline run sees twice the load: ratio = bytes ratio / 2, each pair
+    for r in rows[1:]:
+        assert r["speedup"] == pytest.approx(r["weight_bytes"] / rows[0]["weight_bytes"] / 2)
 
 
 def test_qat_vs_ptq_smallest():

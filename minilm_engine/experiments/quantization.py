@@ -235,25 +235,47 @@ def write_random_qwen3(folder, **fields) -> None:
     AutoTokenizer.from_pretrained(resolve_model_path("noodle-chef")).save_pretrained(folder)
 
 
-def decode_speed_table(model, settings: list[Setting], num_tokens: int = 16, progress=None) -> list[dict]:
-    """Batch-1 decode tokens/s and weight bytes of each setting, one engine at a time; the
-    `speedup` column is relative to the first row."""
+def decode_speed_table(model, settings: list[Setting], num_tokens: int = 16, progress=None,
+                       repeats: int = 1) -> list[dict]:
+    """Batch-1 decode tokens/s and weight bytes of each setting; the `speedup` column is
+    relative to the first row.
+
+    The first setting (the baseline) stays loaded while the others are loaded one at a time,
+    and each run of a setting is paired with a baseline run just before it: a machine whose load
+    changes between two settings then moves both sides of a ratio, not one.  With `repeats` > 1
+    a row reports the median of its runs and of its pairs' ratios."""
     import gc
+    import statistics
 
     from .launches import decode_tokens_per_s
 
-    rows = []
-    for setting in settings:
+    def load(setting):
         llm = LLM(model, quantization=setting.quantization, quantization_config=setting.options or None,
                   dtype=setting.dtype, max_num_seqs=1, record_trace=False, kv_cache_memory=KV_CACHE_MEMORY)
-        layer = next((m for m in llm.model.modules() if hasattr(m, "kernel")), None)
         decode_tokens_per_s(llm, "Order for table 7:", 2)  # warm-up
-        speed = decode_tokens_per_s(llm, "Order for table 7:", num_tokens)
+        return llm
+
+    def row(setting, llm, speeds, ratios):
+        layer = next((m for m in llm.model.modules() if hasattr(m, "kernel")), None)
         rows.append({"setting": setting.label, "kernel": layer.kernel.name if layer else "-",
-                     "tokens_per_s": speed, "weight_bytes": llm.weight_bytes,
-                     "speedup": speed / rows[0]["tokens_per_s"] if rows else 1.0})
+                     "tokens_per_s": statistics.median(speeds), "weight_bytes": llm.weight_bytes,
+                     "speedup": statistics.median(ratios), "runs": speeds})
         if progress is not None:
             progress(rows[-1])
+
+    def speed(llm):
+        return decode_tokens_per_s(llm, "Order for table 7:", num_tokens)
+
+    rows = []
+    base_setting, *others = settings
+    base = load(base_setting)
+    row(base_setting, base, [speed(base) for _ in range(repeats)], [1.0])
+    for setting in others:
+        llm = load(setting)
+        pairs = [(speed(base), speed(llm)) for _ in range(repeats)]
+        row(setting, llm, [s for _, s in pairs], [s / b for b, s in pairs])
         del llm
         gc.collect()
+    del base
+    gc.collect()
     return rows
