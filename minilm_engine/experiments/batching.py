@@ -39,6 +39,9 @@ import torch
 from ..data.noodle_corpus import sample_prompts
 from ..kv_cache.contiguous import ContiguousKVCache
 from ..outputs import RequestOutput
+# one count of weight bytes for the package (a tied embedding once; a quantized layer's codes,
+# scales and offsets included); chapter 01 and the benchmarks import it from here
+from ..quantization.linear import weight_bytes
 from ..sampling_params import SamplingParams
 from .workloads import Workload
 
@@ -101,11 +104,6 @@ def measure_matmul_flops(
     b = torch.randn(n, n, device=device).to(dtype)
     seconds = _median_time(lambda: a @ b, num_repeats, device)
     return 2 * n**3 / seconds
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every parameter (a tied embedding counts once: it is one tensor)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 @dataclass(frozen=True)

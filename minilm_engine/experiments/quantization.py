@@ -249,10 +249,13 @@ def decode_speed_table(model, settings: list[Setting], num_tokens: int = 16, pro
 
     from .launches import decode_tokens_per_s
 
+    def speed(llm, n=num_tokens):
+        return decode_tokens_per_s(llm, "Order for table 7:", n)
+
     def load(setting):
         llm = LLM(model, quantization=setting.quantization, quantization_config=setting.options or None,
                   dtype=setting.dtype, max_num_seqs=1, record_trace=False, kv_cache_memory=KV_CACHE_MEMORY)
-        decode_tokens_per_s(llm, "Order for table 7:", 2)  # warm-up
+        speed(llm, 2)  # warm-up
         return llm
 
     def row(setting, llm, speeds, ratios):
@@ -262,9 +265,6 @@ def decode_speed_table(model, settings: list[Setting], num_tokens: int = 16, pro
                      "speedup": statistics.median(ratios), "runs": speeds})
         if progress is not None:
             progress(rows[-1])
-
-    def speed(llm):
-        return decode_tokens_per_s(llm, "Order for table 7:", num_tokens)
 
     rows = []
     base_setting, *others = settings
