@@ -154,14 +154,77 @@ def test_awq_search_never_loses_to_round_to_nearest():
     assert alpha > 0 and awq < rtn
 
 
-def test_cpu_int4_layout_is_the_operators():
-    from minilm_engine.quantization.kernels.cpu import from_cpu_int4_layout, to_cpu_int4_layout
+@pytest.mark.parametrize("N,K", [(64, 64), (128, 320), (192, 256)])
+def test_cpu_int4_layout_is_learned_from_the_operator(N, K):
+    """Whatever tiling torch's packing uses on this CPU, one of the known ones reproduces it
+    (AVX2 and AVX-512 differ), and reading it back gives the codes: no ISA is assumed."""
+    from minilm_engine.quantization.kernels.cpu import from_cpu_int4_layout, learn_block_n, to_cpu_int4_layout
 
-    for N, K in [(32, 64), (96, 320), (64, 256)]:
-        codes = torch.randint(0, 16, (N, K), dtype=torch.int32)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-        assert torch.equal(packed, to_cpu_int4_layout(codes))
-        assert torch.equal(from_cpu_int4_layout(packed).int(), codes)
+    codes = torch.randint(0, 16, (N, K), dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    block_n = learn_block_n(codes, packed)
+    assert block_n is not None, "torch packs int4 in a tiling this kernel does not know"
+    assert torch.equal(to_cpu_int4_layout(codes, block_n), packed)
+    assert torch.equal(from_cpu_int4_layout(packed, block_n).int(), codes)
+    other = next(b for b in (32, 64) if b != block_n)
+    assert not torch.equal(to_cpu_int4_layout(codes, other), packed)  # the choice matters
+
+
+@pytest.mark.parametrize("config", [INT8, INT4_G32])
+def test_cpu_kernel_keeps_one_copy_of_the_weight(config):
+    linear = nn.Linear(320, 96, bias=False)
+    layer = QuantizedLinear.from_linear(linear, config)
+    canonical = sum(b.numel() * b.element_size() for b in layer.buffers())
+    kernel = make_kernel("cpu")
+    kernel.prepare(layer)
+    names = {name for name, _ in layer.named_buffers()}
+    held = sum(b.numel() * b.element_size() for b in layer.buffers())
+    if config.scheme == "int8":
+        assert names == {"qweight", "scales"} and held == canonical
+    else:
+        assert names == {"cpu_qweight", "cpu_scales_and_zeros"}  # the canonical buffers are gone
+        # N is padded from 96 to 128 rows for whole tiles; zeros ride beside the scales
+        assert held <= canonical * 128 / 96 * 1.5
+
+
+@pytest.mark.parametrize("config", [INT8, INT4_G32])
+def test_cpu_kernel_many_rows_in_tiles_equal_the_reference(config, monkeypatch):
+    """The many-row path dequantizes into one reused scratch; a layer too big for it goes in
+    row tiles.  A scratch of 64 x 320 weights makes this 200-row layer take 4 tiles."""
+    from minilm_engine.quantization.kernels import cpu
+
+    monkeypatch.setattr(cpu, "SCRATCH_MAX_ELEMENTS", 64 * 320)
+    torch.manual_seed(0)
+    linear = nn.Linear(320, 200, bias=True)
+    reference = QuantizedLinear.from_linear(linear, config)
+    fast = QuantizedLinear.from_linear(linear, config)
+    kernel = make_kernel("cpu")
+    kernel.prepare(fast)
+    fast.kernel = kernel
+    for M in (1, cpu.CPU_OP_MAX_ROWS, cpu.CPU_OP_MAX_ROWS + 1, 40):
+        x = torch.randn(M, 320)
+        torch.testing.assert_close(fast(x), reference(x), rtol=1e-5, atol=1e-5)
+    assert kernel._scratch.numel() <= 64 * 320
+
+
+def test_cpu_kernel_on_an_unknown_int4_packing_still_equals_the_reference(monkeypatch):
+    """A CPU whose packing is none of the known tilings: a warning, still one copy, and the
+    many-row path reads the weight through the operator itself."""
+    from minilm_engine.quantization.kernels import cpu
+
+    monkeypatch.setattr(cpu, "INT4_BLOCK_NS", ())
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96, bias=False)
+    reference = QuantizedLinear.from_linear(linear, INT4_G32)
+    fast = QuantizedLinear.from_linear(linear, INT4_G32)
+    kernel = make_kernel("cpu")
+    with pytest.warns(UserWarning, match="not one this kernel knows"):
+        kernel.prepare(fast)
+    fast.kernel = kernel
+    assert fast.cpu_block_n is None and not hasattr(fast, "qweight")
+    for M in (1, 30):
+        x = torch.randn(M, 64)
+        torch.testing.assert_close(fast(x), reference(x), rtol=1e-5, atol=1e-5)
 
 
 def test_kernel_selection():
@@ -374,3 +437,18 @@ def test_quantized_lm_head_with_awq_and_the_cli(checkpoints, prompts, tmp_path):
     assert LLM(out).quantization.lm_head
     with pytest.raises(QuantizationError, match="lm_head must be a bool"):
         LLM(source, quantization="int8", quantization_config={"lm_head": "yes"})
+
+
+@pytest.mark.parametrize("scheme,most", [("int8", 0.31), ("int4", 0.23)])
+def test_a_quantized_model_holds_one_layout_of_each_weight(scheme, most):
+    """On any CPU: no layer keeps the canonical buffers beside the kernel's own packing, and the
+    shipped chef's weights shrink as one copy would (its tied embedding stays full precision)."""
+    full = LLM("noodle-chef")
+    quantized = LLM("noodle-chef", quantization=scheme)
+    layers = [m for m in quantized.model.modules() if isinstance(m, QuantizedLinear)]
+    assert layers and {m.kernel.name for m in layers} == {"cpu"}
+    for layer in layers:
+        names = {name for name, _ in layer.named_buffers()}
+        assert not ({"qweight", "cpu_qweight"} <= names), f"{layer} holds two layouts: {names}"
+    assert quantized.weight_bytes <= most * full.weight_bytes
+    assert texts(quantized.generate(["One bowl of"], GREEDY, use_tqdm=False))[0]

@@ -1,33 +1,46 @@
-"""CPU fast path: torch's own weight-only matmul operators (as gpt-fast uses them).
+"""CPU fast path: torch's own weight-only matmul operators (as gpt-fast uses them), and a
+reused scratch buffer for many rows.
 
-Contract: `CPUKernel.linear(layer, x)` equals the reference up to float rounding.  For a few
-rows (decode of one or two requests) it calls the operators, which read int8 / packed int4
-weights straight from memory and dequantize in registers; for more rows (prefill, batched
-decode, perplexity runs) it dequantizes once and makes one BLAS call, because the operators'
-cost grows with every row (measured on an AVX2 CPU: at 16 rows they were ~10x slower than
-dequantize-then-matmul, at 1 row ~5x faster).
+Contract: `CPUKernel.linear(layer, x)` equals the reference up to float rounding, on every CPU
+torch runs on, with one copy of each weight in memory.
 
-    int8: aten._weight_int8pack_mm(x (M, K), qweight (N, K) int8, scales (N,))
-          reads our canonical layout as it is.
-    int4: aten._weight_int4pack_mm_for_cpu(x (M, K_padded), packed, group_size, scales_and_zeros)
-          wants its own tiled packing (from aten._convert_weight_to_int4pack_for_cpu, fed one
-          int32 code per weight) and (G, N, 2) pairs meaning w = (q - 8) * scale + zero, so
-          zero = offset + 8 * scale in our terms.  The packing needs N to be a multiple of 32
-          here: other layers get zero rows, cut from the output.  Blocks of 32 rows, for each
-          input k the 16 bytes `row d | row d + 16 << 4` (`to_cpu_int4_layout`); `prepare`
-          checks the operator agrees, then drops the canonical buffers (one copy of the
-          weight); where it does not (another torch or CPU), it keeps them for the many-row path.
+    rows of x      what runs                                          why
+    <= 8           aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu   they read int8 / packed
+                   (decode of a few requests)                        int4 straight from memory and
+                                                                     dequantize in registers
+    > 8            dequantize into one scratch buffer the kernel     the operators' cost grows with
+                   reuses (no allocation per call), one BLAS matmul  every row (~0.04 ms a row for a
+                   (batched decode, prefill, perplexity runs)        3072 x 1024 layer on AVX-512),
+                                                                     BLAS's barely does
+
+    int8: _weight_int8pack_mm(x (M, K), qweight (N, K) int8, scales (N,)) reads our canonical
+          layout as it is; many rows: y = (x @ codes.T) * scales, the per-channel scale applied
+          to the (M, N) output instead of the (N, K) weight.
+    int4: _weight_int4pack_mm_for_cpu(x (M, K_padded), packed, group_size, scales_and_zeros)
+          wants its own tiled packing, made by torch's own _convert_weight_to_int4pack_for_cpu,
+          and (G, N, 2) pairs meaning w = (q - 8) * scale + zero, so zero = offset + 8 * scale in
+          our terms.  That packing differs between CPUs: tiles of BLOCK_N rows, for each input
+          k the BLOCK_N / 2 bytes `row d | row d + BLOCK_N / 2 << 4`, with BLOCK_N 32 on AVX2
+          and 64 on AVX-512.  `prepare` pads N to a multiple of 64 (so every tile is whole, on
+          either CPU), packs with the operator, and *learns* which BLOCK_N it used by comparing
+          with `to_cpu_int4_layout`; the canonical buffers are then dropped.  On a CPU whose
+          packing is neither, it keeps only the packed weight too, and dequantizes for many rows
+          by running the operator on an identity matrix (slow, exact, and said in a warning).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
 
 from .. import schemes
 
-CPU_OP_MAX_ROWS = 2  # up to this many rows of x, the operators; beyond, dequantize + BLAS
-INT4_ROW_BLOCK = 32
+CPU_OP_MAX_ROWS = 8  # up to this many rows of x, the operators; beyond, scratch buffer + BLAS
+INT4_ROW_PAD = 64  # N is padded to a multiple of this: whole tiles for BLOCK_N 32 and 64
+INT4_BLOCK_NS = (32, 64)  # the packings torch's CPU operator is known to use (AVX2, AVX-512)
+SCRATCH_MAX_ELEMENTS = 1 << 22  # the scratch holds at most 4 Mi weights: bigger layers go in row tiles
 
 
 def unavailable_reason() -> str | None:
@@ -41,58 +54,127 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def to_cpu_int4_layout(codes: torch.Tensor) -> torch.Tensor:
-    """(N, K) codes, N a multiple of 32 -> (N, K / 2) uint8 in the operator's tiled order."""
+def to_cpu_int4_layout(codes: torch.Tensor, block_n: int) -> torch.Tensor:
+    """(N, K) codes, N a multiple of block_n -> (N, K / 2) uint8 in the operator's tiled order.
+
+        tile t = rows [t * block_n, (t + 1) * block_n),  half = block_n / 2
+        bytes of tile t, input k:  [ row d | row d + half << 4  for d in 0 .. half - 1 ]
+    """
     N, K = codes.shape
-    b = codes.to(torch.uint8).view(N // INT4_ROW_BLOCK, 2, INT4_ROW_BLOCK // 2, K)  # (blocks, half, d, k)
-    packed = b[:, 0] | (b[:, 1] << 4)  # (blocks, d, k)
+    half = block_n // 2
+    b = codes.to(torch.uint8).view(N // block_n, 2, half, K)  # (tiles, low/high, d, k)
+    packed = b[:, 0] | (b[:, 1] << 4)  # (tiles, d, k)
     return packed.transpose(1, 2).contiguous().view(N, K // 2)
 
 
-def from_cpu_int4_layout(packed: torch.Tensor) -> torch.Tensor:
-    """The inverse: (N, K / 2) uint8 in the operator's order -> (N, K) codes (uint8)."""
+def from_cpu_int4_layout(packed: torch.Tensor, block_n: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The inverse: (N, K / 2) uint8 in the operator's order -> (N, K) codes (uint8, or written
+    into `out`, any dtype, converted on the way)."""
     N, K = packed.shape[0], packed.shape[1] * 2
-    b = packed.view(N // INT4_ROW_BLOCK, K, INT4_ROW_BLOCK // 2).transpose(1, 2)  # (blocks, d, k)
-    return torch.stack([b & 0x0F, b >> 4], dim=1).reshape(N, K)
+    half = block_n // 2
+    b = packed.view(N // block_n, K, half)  # (tiles, k, d)
+    if out is None:
+        out = torch.empty(N, K, dtype=torch.uint8, device=packed.device)
+    view = out.view(N // block_n, 2, half, K)  # (tiles, low/high, d, k)
+    view[:, 0].copy_((b & 0x0F).transpose(1, 2))
+    view[:, 1].copy_((b >> 4).transpose(1, 2))
+    return out
+
+
+def learn_block_n(codes: torch.Tensor, packed: torch.Tensor) -> int | None:
+    """Which known tiling turned `codes` (N, K) into `packed`, or None if none did."""
+    for block_n in INT4_BLOCK_NS:
+        if codes.shape[0] % block_n == 0 and torch.equal(packed, to_cpu_int4_layout(codes, block_n)):
+            return block_n
+    return None
 
 
 class CPUKernel:
+    """Holds one scratch buffer (grown on demand, reused by every layer) for the many-row path.
+    Invariant after `prepare`: an int8 layer keeps its canonical buffers; an int4 layer holds
+    only `cpu_qweight` (N_padded, K_padded / 2) and `cpu_scales_and_zeros` (G, N_padded, 2),
+    with `layer.cpu_block_n` the tiling learned from the operator (None: an unknown one)."""
+
     name = "cpu"
+
+    def __init__(self):
+        self._scratch: torch.Tensor | None = None
 
     def prepare(self, layer) -> None:
         if layer.scheme == "int8":
             return  # the operator reads the canonical (N, K) int8 codes and (N,) scales
-        num_pad = -layer.out_features % INT4_ROW_BLOCK
+        num_pad = -layer.out_features % INT4_ROW_PAD
         codes = schemes.unpack_int4(layer.qweight).to(torch.int32)  # (N, K_padded)
         codes = F.pad(codes, (0, 0, 0, num_pad))  # (N_padded, K_padded)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # inner k tiles: 1
         zeros = layer.offsets + 8 * layer.scales  # the operator centres codes on 8
         scales_and_zeros = torch.stack([layer.scales.t(), zeros.t()], dim=-1)  # (G, N, 2)
         scales_and_zeros = F.pad(scales_and_zeros, (0, 0, 0, num_pad)).contiguous()  # (G, N_padded, 2)
+        layer.cpu_block_n = learn_block_n(codes, packed)
+        if layer.cpu_block_n is None:
+            warnings.warn(
+                "torch's int4 CPU packing on this machine is not one this kernel knows "
+                f"(tiles of {INT4_BLOCK_NS} rows); decode keeps the fast operator, but inputs of "
+                f"more than {CPU_OP_MAX_ROWS} rows dequantize slowly through it",
+                stacklevel=2,
+            )
         layer.register_buffer("cpu_qweight", packed, persistent=False)
         layer.register_buffer("cpu_scales_and_zeros", scales_and_zeros, persistent=False)
-        if torch.equal(packed, to_cpu_int4_layout(codes)):
-            for name in ("qweight", "scales", "offsets"):
-                delattr(layer, name)
+        for name in ("qweight", "scales", "offsets"):
+            delattr(layer, name)  # one copy of the weight: the operator's
 
-    def dequantize(self, layer) -> torch.Tensor:
-        """(N, K) weight in the layer's dtype, from whichever layout the layer holds."""
-        if layer.scheme == "int8" or hasattr(layer, "qweight"):
-            return layer.dequantize()
-        codes = from_cpu_int4_layout(layer.cpu_qweight)  # (N_padded, K_padded)
-        scales, zeros = layer.cpu_scales_and_zeros.unbind(-1)  # (G, N_padded) each
+    # ------------------------------------------------------------------ dequantize
+    def scratch(self, num_elements: int, dtype: torch.dtype) -> torch.Tensor:
+        """A flat buffer of at least `num_elements` in `dtype`, reused across calls and layers."""
+        s = self._scratch
+        # An inference-mode tensor cannot be written outside inference mode (nor the reverse
+        # be saved for autograd), so a change of mode takes a fresh buffer.
+        if s is None or s.dtype != dtype or s.numel() < num_elements or s.is_inference() != torch.is_inference_mode_enabled():
+            self._scratch = torch.empty(num_elements, dtype=dtype)
+        return self._scratch[:num_elements]
+
+    def dequantize(self, layer, dtype: torch.dtype | None = None, rows: slice | None = None) -> torch.Tensor:
+        """(n, K) weight rows `rows` (default: all N) in `dtype` (default: the layer's), read from
+        the layout the layer holds.  The result may be the kernel's scratch buffer: use it
+        before the next call."""
         N, K = layer.out_features, layer.in_features
-        groups = codes[:N].view(N, scales.shape[0], -1).to(scales.dtype) - 8  # (N, G, group)
-        w = groups * scales.t()[:N, :, None] + zeros.t()[:N, :, None]
-        return w.view(N, -1)[:, :K]
+        start, stop, _ = (rows or slice(0, N)).indices(N)
+        if layer.scheme == "int8":
+            dtype = dtype or layer.scales.dtype
+            w = self.scratch((stop - start) * K, dtype).view(stop - start, K)
+            w.copy_(layer.qweight[start:stop])
+            return w.mul_(layer.scales[start:stop, None].to(dtype))
+        scales, zeros = layer.cpu_scales_and_zeros.unbind(-1)  # (G, N_padded) each
+        dtype = dtype or scales.dtype
+        if layer.cpu_block_n is None:
+            return self._dequantize_through_operator(layer, dtype)[start:stop]
+        # Whole tiles around the rows asked for: the packing is tiled by rows.
+        block_n = layer.cpu_block_n
+        tile_start, tile_stop = start // block_n * block_n, -(-stop // block_n) * block_n
+        K_padded = layer.padded_in_features
+        codes = self.scratch((tile_stop - tile_start) * K_padded, dtype).view(-1, K_padded)
+        from_cpu_int4_layout(layer.cpu_qweight[tile_start:tile_stop], block_n, out=codes)
+        codes = codes[start - tile_start : stop - tile_start]  # (n, K_padded)
+        num_groups = scales.shape[0]
+        groups = codes.view(stop - start, num_groups, -1)  # (n, G, group)
+        groups.sub_(8).mul_(scales.t()[start:stop, :, None].to(dtype)).add_(zeros.t()[start:stop, :, None].to(dtype))
+        return codes[:, :K]
 
+    def _dequantize_through_operator(self, layer, dtype: torch.dtype) -> torch.Tensor:
+        """(N, K): the operator applied to the identity gives W.T, whatever its packing."""
+        K_padded = layer.padded_in_features
+        eye = torch.eye(K_padded, dtype=dtype)
+        w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, layer.cpu_qweight, layer.group_size, layer.cpu_scales_and_zeros)
+        return w_t[: layer.in_features, : layer.out_features].t()
+
+    # ------------------------------------------------------------------ matmul
     def linear(self, layer, x: torch.Tensor) -> torch.Tensor:
         """x: (..., K) -> (..., N)."""
         lead, K = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, K).contiguous()  # (M, K): the operators take a matrix
         if x2.shape[0] > CPU_OP_MAX_ROWS:
-            return F.linear(x, self.dequantize(layer), layer.bias)
-        if layer.scheme == "int8":
+            y = self._many_rows(layer, x2)
+        elif layer.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, layer.qweight, layer.scales)
         else:
             K_padded = layer.padded_in_features
@@ -104,3 +186,24 @@ class CPUKernel:
         if layer.bias is not None:
             y = y + layer.bias
         return y.view(*lead, layer.out_features)
+
+    def _many_rows(self, layer, x: torch.Tensor) -> torch.Tensor:
+        """(M, K) -> (M, N): dequantize a tile of rows into the scratch, one matmul per tile."""
+        N, K = layer.out_features, layer.in_features
+        tile = max(INT4_ROW_PAD, SCRATCH_MAX_ELEMENTS // max(K, 1) // INT4_ROW_PAD * INT4_ROW_PAD)
+        if tile >= N:
+            return self._tile_matmul(layer, x, slice(0, N))
+        y = torch.empty(x.shape[0], N, dtype=x.dtype)
+        for start in range(0, N, tile):
+            rows = slice(start, min(start + tile, N))
+            y[:, rows] = self._tile_matmul(layer, x, rows)
+        return y
+
+    def _tile_matmul(self, layer, x: torch.Tensor, rows: slice) -> torch.Tensor:
+        if layer.scheme == "int8":
+            # Codes are small integers, exact in any float dtype; the scale is per output row,
+            # so it multiplies the (M, n) product instead of the (n, K) weight.
+            w = self.scratch((rows.stop - rows.start) * layer.in_features, x.dtype).view(-1, layer.in_features)
+            w.copy_(layer.qweight[rows])
+            return F.linear(x, w) * layer.scales[rows].to(x.dtype)
+        return F.linear(x, self.dequantize(layer, x.dtype, rows))
