@@ -13,7 +13,12 @@ by this script as a bf16 checkpoint, then quantized with `minilm-engine quantize
        fp32 and with bf16 activations (torch's operators are vectorized for bf16): decode at
        batch 1 reads every weight once per token, so fewer bytes should mean more tokens; and
        with the LM head quantized too (bf16 activations)
-    3. on a GPU (when there is one): int8 and int4 vs bf16 at batch 1 and 16 (goal: int4 >=
+    3. the decode step at batch 1, 4 and 16 and a 512-token prefill on the CPU, int8 and int4
+       g128 vs bf16 (bf16 activations everywhere; goals: >= 1.0x of bf16 at every batch size,
+       prefill no slower than 1.2x bf16): the three engines stay loaded, and every repeat runs
+       them one after another in a rotating order; a cell is the median of its repeats, with
+       their spread, and a ratio the median of the per-repeat ratios
+    4. on a GPU (when there is one): int8 and int4 vs bf16 at batch 1 and 16 (goal: int4 >=
        1.8x at batch 1), with the Triton kernels
 
 Each configuration runs in this one process, warmed up first, with the fp32 model kept in memory
@@ -33,6 +38,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -63,6 +69,9 @@ def parse_args(argv=None):
     parser.add_argument("--tokens", type=int, default=None, help="decode tokens timed per run")
     parser.add_argument("--num-layers", type=int, default=None, help="fewer layers than the real model (faster)")
     parser.add_argument("--skip-cpu-speed", action="store_true")
+    parser.add_argument("--skip-batch-table", action="store_true", help="leave out part 3")
+    parser.add_argument("--batch-sizes", default="1,4,16", help="part 3's decode batch sizes")
+    parser.add_argument("--prefill-tokens", type=int, default=None, help="part 3's prompt length (default 512)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--repeats", type=int, default=3,
                         help="decode runs per setting, each paired with an fp32 run (medians are reported)")
@@ -121,6 +130,62 @@ def batch_tokens_per_s(llm: LLM, batch_size: int, num_tokens: int, device) -> fl
     llm.generate(prompts, params, use_tqdm=False)
     sync(device)
     return batch_size * num_tokens / (time.perf_counter() - start)
+
+
+def step_and_prefill_ms(llm: LLM, batch_size: int, num_tokens: int, prefill_tokens: int) -> tuple[float, float]:
+    """(decode step ms at `batch_size`, prefill ms of one `prefill_tokens` prompt).
+
+    The step is the median over the batch's requests of their mean gap between tokens (they
+    decode together, so a gap is one step); the prefill is one request's time to first token."""
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
+    prompts = [f"Order for table {i}:" for i in range(batch_size)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    step = statistics.median(o.metrics.tpot for o in outs) * 1e3
+    ids = [(i * 7919) % 1000 + 10 for i in range(prefill_tokens)]  # any valid ids: no prefix-cache hits
+    (out,) = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    return step, out.metrics.ttft * 1e3
+
+
+def batch_table(folders: dict[str, Path], batch_sizes: list[int], num_tokens: int, prefill_tokens: int,
+                repeats: int) -> dict:
+    """Part 3: {setting: {"step_ms": {B: [runs]}, "prefill_ms": [runs]}} for bf16, int8, int4."""
+    settings = {"bf16": None, **{label: scheme for label, (scheme, _) in SCHEMES.items()}}
+    engines = {}
+    for label in settings:
+        engines[label] = LLM(folders["bf16"] if label == "bf16" else folders[label], dtype="bfloat16",
+                             max_num_seqs=max(batch_sizes), record_trace=False, enable_prefix_caching=False,
+                             kv_cache_memory=512 << 20)
+        step_and_prefill_ms(engines[label], max(batch_sizes), 3, 16)  # warm-up
+    runs = {label: {"step_ms": {b: [] for b in batch_sizes}, "prefill_ms": []} for label in settings}
+    order = list(settings)
+    for r in range(repeats):
+        for b in batch_sizes:
+            for label in order[r % len(order):] + order[: r % len(order)]:  # rotate who goes first
+                step, prefill = step_and_prefill_ms(engines[label], b, num_tokens, prefill_tokens)
+                runs[label]["step_ms"][b].append(step)
+                if b == batch_sizes[0]:
+                    runs[label]["prefill_ms"].append(prefill)
+    return runs
+
+
+def show_batch_table(runs: dict, batch_sizes: list[int], prefill_tokens: int) -> dict:
+    """Print part 3 and return its summary: medians, spreads (min-max) and ratios vs bf16."""
+    def cell(values, base):
+        ratio = statistics.median(b / v for b, v in zip(base, values))  # > 1: faster than bf16
+        return (f"{statistics.median(values):7.1f} ms [{min(values):.1f}-{max(values):.1f}] {ratio:4.2f}x",
+                {"median_ms": statistics.median(values), "min_ms": min(values), "max_ms": max(values),
+                 "speedup_vs_bf16": ratio})
+
+    columns = [f"decode batch {b}" for b in batch_sizes] + [f"prefill {prefill_tokens} tok"]
+    print("   " + f"{'':10}" + "".join(f"{c:>32}" for c in columns))
+    summary = {}
+    for label, r in runs.items():
+        base = runs["bf16"]
+        cells = [cell(r["step_ms"][b], base["step_ms"][b]) for b in batch_sizes]
+        cells.append(cell(r["prefill_ms"], base["prefill_ms"]))
+        print(f"   {label:10}" + "".join(f"{text:>32}" for text, _ in cells), flush=True)
+        summary[label] = dict(zip(columns, (data for _, data in cells)))
+    return summary
 
 
 def main(argv=None) -> int:
@@ -186,10 +251,19 @@ def main(argv=None) -> int:
             results["cpu_batch1_tokens_per_s"] = {r["setting"]: r["tokens_per_s"] for r in rows}
             results["cpu_batch1_speedup_vs_fp32"] = {r["setting"]: r["speedup"] for r in rows}
 
-        # 3. GPU decode at batch 1 and 16
+        # 3. CPU decode step by batch size, and prefill
+        if not args.skip_batch_table:
+            batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+            prefill_tokens = args.prefill_tokens or (64 if args.quick else 512)
+            print(f"\n3. decode step (ms) by batch size and a {prefill_tokens}-token prefill on the CPU, bf16 "
+                  f"activations: median [min-max] of {args.repeats} rotating repeats, speed vs bf16", flush=True)
+            runs = batch_table(folders, batch_sizes, num_tokens, prefill_tokens, args.repeats)
+            results["cpu_batch_table"] = show_batch_table(runs, batch_sizes, prefill_tokens)
+
+        # 4. GPU decode at batch 1 and 16
         if torch.cuda.is_available():
             device = torch.device("cuda")
-            print(f"\n3. decode on {torch.cuda.get_device_name(device)}, {num_tokens * 4} tokens, bf16 activations")
+            print(f"\n4. decode on {torch.cuda.get_device_name(device)}, {num_tokens * 4} tokens, bf16 activations")
             gpu = {}
             for label in ("bf16", *SCHEMES):
                 llm = LLM(folders[label], device="cuda", dtype="bfloat16", max_num_seqs=16, record_trace=False,

@@ -57,15 +57,23 @@ def test_kv_cache_benchmark_runs():
     assert [row[0] for row in rows] == ["8", "16"] and all(row[3].endswith("x") for row in rows), out
 
 
-def test_quantization_benchmark_prints_bytes_and_speed_ratios():
-    out = run([sys.executable, "quantization.py", "--quick", "--tokens", "4"], ROOT / "benchmarks").stdout
-    assert "1. bytes" in out and "2. batch-1 decode on the CPU" in out, out
+def test_quantization_benchmark_prints_bytes_and_speed_ratios(tmp_path):
+    out = run([sys.executable, "quantization.py", "--quick", "--tokens", "4", "--json", str(tmp_path / "q.json")],
+              ROOT / "benchmarks").stdout
+    assert "1. bytes" in out and "2. batch-1 decode on the CPU" in out and "3. decode step (ms)" in out, out
     for label in ("int8", "int4 g128"):
-        # bytes, fp32 and bf16 speed; with the LM head quantized too: bytes and bf16 speed
-        assert sum(line.strip().startswith(label) for line in out.splitlines()) == 5, out
+        # bytes, fp32 and bf16 speed, the batch table; with the LM head quantized too: bytes and bf16 speed
+        assert sum(line.strip().startswith(label) for line in out.splitlines()) == 6, out
         assert sum(line.strip().startswith(f"{label} + head") for line in out.splitlines()) == 2, out
     assert "int8, bf16 (cpu kernel)" in out and "int4 g128, fp32 (cpu kernel)" in out, out
     assert "int8 + head, bf16 (cpu kernel)" in out and "read per decode step" in out, out
+    # part 3: every setting has a median, a spread and a ratio per batch size and for the prefill
+    table = json.loads((tmp_path / "q.json").read_text())["cpu_batch_table"]
+    assert set(table) == {"bf16", "int8", "int4 g128"}
+    for cells in table.values():
+        assert list(cells) == ["decode batch 1", "decode batch 4", "decode batch 16", "prefill 64 tok"]
+        assert all(c["min_ms"] <= c["median_ms"] <= c["max_ms"] and c["speedup_vs_bf16"] > 0 for c in cells.values())
+    assert all(c["speedup_vs_bf16"] == 1.0 for c in table["bf16"].values())
 
 
 def test_spec_decode_benchmark_reports_speedups_and_the_formula(tmp_path):
