@@ -3,6 +3,7 @@
 
     python3 dev.py lab     # JupyterLab on notebooks/, with the shipped offline model
     python3 dev.py test    # the whole test suite (what CI runs)
+    python3 dev.py lint    # ruff check over the package, scripts, benchmarks and tests (CI runs it too)
 
 Needs only Python >= 3.10 and a package registry.  Everything goes into `.venv/` beside this
 file.  torch comes first, and as the CPU build when no NVIDIA GPU is visible (the CUDA build is
@@ -68,7 +69,8 @@ def setup() -> None:
 
 
 def main() -> None:
-    jobs = {"lab": "JupyterLab on notebooks/", "test": "the test suite (extra args go to pytest)"}
+    jobs = {"lab": "JupyterLab on notebooks/", "test": "the test suite (extra args go to pytest)",
+            "lint": "ruff check (extra args go to ruff)"}
     if len(sys.argv) < 2 or sys.argv[1] not in jobs:
         print(__doc__)
         sys.exit(2)
@@ -80,6 +82,10 @@ def main() -> None:
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             extra.append("--allow-root")  # containers and cloud VMs often run as root
         os.execve(PYTHON, [str(PYTHON), "-m", "jupyter", "lab", "notebooks/", *extra], env)
+    elif sys.argv[1] == "lint":
+        targets = ["minilm_engine", "scripts", "benchmarks", "tests", "dev.py"]
+        code = subprocess.run([str(PYTHON), "-m", "ruff", "check", *targets, *sys.argv[2:]], cwd=ROOT, env=env).returncode
+        sys.exit(code)
     else:
         code = subprocess.run([str(PYTHON), "-m", "pytest", *sys.argv[2:]], cwd=ROOT, env=env).returncode
         sys.exit(code)

@@ -352,7 +352,7 @@ def paged_vs_contiguous(sizes: Sizes, out_dir: Path) -> None:
     x = range(len(table))
     width = 0.4
     fig, ax = plt.subplots()
-    for offset, column, color, name in (
+    for offset, column, color, _name in (
         (-width / 2, "reserved_max_tokens", BASELINE, "contiguous (prompt + max_tokens)"),
         (width / 2, "paged_slots", ENGINE, f"paged (blocks of {block_size})"),
     ):

@@ -135,7 +135,7 @@ def test_text_decoded_once_at_the_end_is_the_same(tokenizers, style):
     ids = tok.encode(TEXTS[1], add_special_tokens=False)
     request = make_request(max_tokens=len(ids))
     request.incremental_text = False
-    for i, token in enumerate(ids):
+    for token in ids:
         assert request.output_text == ""  # nothing decoded while it runs
         request.append_decoded_token(token, tok)
     assert request.finished and request.output_text == decode(tok, ids)

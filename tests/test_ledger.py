@@ -89,7 +89,7 @@ def test_without_a_split_the_input_output_costs_say_why() -> None:
     books = Ledger(measurement(), Prices(2.0))
     assert books.input_token_weight is None
     with pytest.raises(ValueError, match="input_token_weight"):
-        books.output_cost_per_mtok
+        _ = books.output_cost_per_mtok
     labels = [e.label for e in books.entries()]
     assert "blended cost per Mtok output" in labels and "cost per Mtok output" not in labels
     with pytest.raises(ValueError, match="input_price_per_mtok"):

@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from minilm_engine.engine.config import EngineConfig
 from minilm_engine.engine.scheduler import Scheduler, SchedulerOutput
 from minilm_engine.kv_cache.block_manager import BlockManager, cdiv
-from minilm_engine.kv_cache.block_pool import BlockEventLog, BlockPool
+from minilm_engine.kv_cache.block_pool import BlockPool
 from minilm_engine.request import Request, RequestStatus
 from minilm_engine.sampling_params import SamplingParams
 

@@ -15,7 +15,6 @@ and bad drafts are refused at construction.
 from __future__ import annotations
 
 import copy
-import itertools
 import warnings
 
 import pytest

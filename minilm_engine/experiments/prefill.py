@@ -186,7 +186,6 @@ def prefill_cost_figure(
     """Left: measured prefill time with the fit and its linear part.  Right: the share of the
     time the T^2 term takes (measured fit) next to the share of the FLOPs attention takes."""
     import numpy as np
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     grid = np.linspace(1, max(num_tokens), 200)

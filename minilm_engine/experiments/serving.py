@@ -119,7 +119,7 @@ def latency_under_load(server: ServerThread, background_rates: list[float], num_
         bg_config = BenchConfig(base_url=server.url, model=name, request_rate=rate if rate > 0 else 1.0,
                                 ignore_eos=True, seed=seed)
 
-        async def both():
+        async def both(num_bg=num_bg, bg_config=bg_config, background=background):  # bound now, run now
             async def probe_user() -> list[RequestResult]:
                 out = []
                 async with httpx.AsyncClient(timeout=600) as client:

@@ -69,9 +69,9 @@ def show(
         raise ValueError(f"mode must be 'widget', 'static' or None, got {mode!r}")
     try:
         from IPython.display import display
-    except ImportError:  # plain Python without IPython: only the figure can be shown
+    except ImportError as missing:  # plain Python without IPython: only the figure can be shown
         if mode == "widget":
-            raise RuntimeError("widgets need Jupyter (IPython is not installed); use mode='static'")
+            raise RuntimeError("widgets need Jupyter (IPython is not installed); use mode='static'") from missing
         view.figure().show()  # plotly opens a browser tab
         return
     if mode == "widget":
