@@ -157,7 +157,7 @@ def test_a_checkpoints_own_chat_template_wins(checkpoints):
     assert chat_format_for(llm.tokenizer, llm.model_path) is None  # a tiny test model has none
     with ServerThread(llm) as server:
         reply = httpx.post(server.url + "/v1/chat/completions",
-                           json={"model": ckpt.path.name, "messages": [{"role": "user", "content": "Hi"}]})
+                           json={"model": str(ckpt.path), "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 400 and reply.json()["error"]["code"] == "no_chat_template"
     llm.tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
     fmt = chat_format_for(llm.tokenizer, llm.model_path)
@@ -165,7 +165,7 @@ def test_a_checkpoints_own_chat_template_wins(checkpoints):
     assert render_chat(llm.tokenizer, fmt, [{"role": "user", "content": "Hi"}]) == "<user>Hi<assistant>"
     with ServerThread(llm) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-        answer = client.chat.completions.create(model=ckpt.path.name, messages=[{"role": "user", "content": "Hi"}],
+        answer = client.chat.completions.create(model=str(ckpt.path), messages=[{"role": "user", "content": "Hi"}],
                                                 max_tokens=5, temperature=0)
         want = expected_text(reference, "<user>Hi<assistant>", 5)
         assert answer.choices[0].message.content == want.text

@@ -57,8 +57,11 @@ def chat_format_for(tokenizer, model_path: str | Path) -> ChatFormat | None:
     return None
 
 
-def render_chat(tokenizer, fmt: ChatFormat, messages: list[dict]) -> str:
-    """The prompt text for `messages` (dicts with "role", "content" and an optional "name")."""
+def render_chat(tokenizer, fmt: ChatFormat, messages: list[dict], template_kwargs: dict | None = None) -> str:
+    """The prompt text for `messages` (dicts with "role", "content" and an optional "name");
+    `template_kwargs` are extra variables for the template (vLLM's `chat_template_kwargs`, e.g.
+    {"enable_thinking": False} for Qwen3's)."""
     return tokenizer.apply_chat_template(
-        messages, chat_template=fmt.template, tokenize=False, add_generation_prompt=True
+        messages, chat_template=fmt.template, tokenize=False, add_generation_prompt=True,
+        **(template_kwargs or {}),
     )

@@ -75,8 +75,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         help="folder, shipped name or hub id (default: noodle-chef)")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--served-model-name", action="append", default=None,
-                        help="name(s) clients use in 'model' (default: the model folder's name)")
+    parser.add_argument("--served-model-name", nargs="+", action="extend", default=None, metavar="NAME",
+                        help="name(s) clients use in 'model', as vLLM takes them: --served-model-name a b "
+                             "(default: MODEL as given, e.g. Qwen/Qwen3-0.6B)")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     parser.add_argument("--shutdown-timeout", type=float, default=5.0,
                         help="seconds in-flight requests get to finish on Ctrl-C before they are aborted")

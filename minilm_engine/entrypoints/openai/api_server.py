@@ -3,11 +3,17 @@
 Contract: `build_app(llm, ...)` returns a FastAPI app whose lifespan starts the engine thread
 and, on shutdown, aborts whatever is still running (every KV block freed).  Routes:
 
-    POST /v1/completions        prompt -> text   (stream: true -> server-sent events)
-    POST /v1/chat/completions   messages -> text (the chat template, see chat_template.py)
-    GET  /v1/models             the served model name(s)
+    POST /v1/completions        prompt(s) -> text (stream: true -> server-sent events)
+    POST /v1/chat/completions   messages -> text  (the chat template, see chat_template.py)
+    GET  /v1/models             the served model name(s), with root and max_model_len
+    POST /tokenize, /detokenize text or messages <-> token ids (vLLM's routes)
+    GET  /version               this package's version
     GET  /health                200 while the engine thread is alive, 503 otherwise
     GET  /metrics               Prometheus text format (metrics.py)
+
+The served name is the model as the caller gave it (`serve Qwen/Qwen3-0.6B` serves
+"Qwen/Qwen3-0.6B", as vLLM does), unless `served_model_names` lists others; a request may
+name any of them.
 
 Every error is an OpenAI-style body {"error": {"message", "type", "param", "code"}} with a
 4xx status (5xx only for the server's own failures); a bad request never reaches the engine.
@@ -38,12 +44,28 @@ from .. import DEFAULT_HOST
 from ..async_engine import AsyncLLMEngine
 from ..chat_template import chat_format_for
 from ..metrics import ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from ... import __version__
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
 from .serving import APIError, OpenAIServing, sse
+from .serving_tokenization import detokenize, tokenize
+
+
+def model_root(llm: LLM) -> str:
+    """The model as the caller named it (a shipped name, a hub id, a folder); the resolved
+    folder's name when none was given (`LLM()` loads the default)."""
+    return llm.model_name if llm.model_name != "None" else llm.model_path.name
 
 
 def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: str | None = None) -> FastAPI:
-    names = served_model_names or [llm.model_path.name]
+    root = model_root(llm)
+    names = list(served_model_names or [root])
     engine = AsyncLLMEngine(llm)
     metrics = ServerMetrics(engine, names[0])
     serving = OpenAIServing(engine, names, chat_format_for(llm.tokenizer, llm.model_path))
@@ -95,7 +117,20 @@ def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: st
 
     @app.get("/v1/models")
     async def models():
-        return ModelList(data=[ModelCard(id=n, max_model_len=engine.max_model_len) for n in names]).model_dump()
+        return ModelList(data=[ModelCard(id=n, root=root, max_model_len=engine.max_model_len)
+                               for n in names]).model_dump()
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.post("/tokenize")
+    async def tokenize_route(raw: Request):
+        return tokenize(serving, await _parse(raw, TokenizeRequest))
+
+    @app.post("/detokenize")
+    async def detokenize_route(raw: Request):
+        return detokenize(serving, await _parse(raw, DetokenizeRequest))
 
     @app.post("/v1/completions")
     async def completions(raw: Request):
@@ -129,8 +164,6 @@ async def _parse(raw: Request, model):
         detail = first["msg"]
         if first["type"] == "missing":
             detail = "this field is required"
-        elif first["type"] == "extra_forbidden":
-            detail = "unknown field (not part of this endpoint's request)"
         else:
             detail += f" (got {first.get('input')!r})"
         raise APIError(400, f"Invalid request: {where}: {detail}.", str(first["loc"][0]) if first["loc"] else None,
@@ -138,23 +171,28 @@ async def _parse(raw: Request, model):
 
 
 async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, streamer, collector):
-    request_stream = await serving.submit(prepared)
-    request_id = prepared.request.request_id
+    request_streams = await serving.submit(prepared)
+    response_id = prepared.response_id
+
+    def abort_all() -> None:  # finished requests: ignored; the others: freed at once
+        for request_id in prepared.request_ids:
+            serving.engine.abort(request_id)
+
     if stream:
         async def events():
             try:
-                async for line in streamer(prepared, request_stream):
+                async for line in streamer(prepared, request_streams):
                     yield line
             except RuntimeError as e:  # the engine step failed: say so in the stream, then end it
                 yield sse(APIError(500, str(e), None, "engine_error", type="server_error").body())
-            finally:  # finished: ignored; the client left (cancelled here): freed at once
-                serving.engine.abort(request_id)
+            finally:  # finished, or the client left (cancelled here)
+                abort_all()
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                          "X-Request-Id": request_id})
+                                          "X-Request-Id": response_id})
     # Not streamed: still abort when the client goes away before the answer is ready.
-    answer = asyncio.ensure_future(collector(prepared, request_stream))
+    answer = asyncio.ensure_future(collector(prepared, request_streams))
     gone = asyncio.ensure_future(_disconnected(raw))
     try:
         await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -162,10 +200,10 @@ async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, 
         gone.cancel()
         if not answer.done():
             answer.cancel()
-            serving.engine.abort(request_id)
+            abort_all()
     if answer.cancelled():
         return Response(status_code=499)  # nobody reads it: the client is gone
-    return JSONResponse(answer.result(), headers={"X-Request-Id": request_id})
+    return JSONResponse(answer.result(), headers={"X-Request-Id": response_id})
 
 
 async def _disconnected(raw: Request) -> None:

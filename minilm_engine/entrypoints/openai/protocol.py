@@ -1,32 +1,158 @@
 """The OpenAI wire format: pydantic models of the requests we accept and the bodies we return.
 
-Contract: a request model that validates carries only values the engine can take (types are
-strict: "0.5" is not a temperature, `true` is not a max_tokens; unknown fields are refused, so
-a typo such as "temprature" is an error, not silently ignored); `to_sampling_params()` maps it
-onto `SamplingParams`, whose own checks give the remaining errors.  Field names, defaults and
-response shapes follow OpenAI's API reference (max_tokens defaults to 16 for completions, to the
-rest of the context for chat); `top_k`, `ignore_eos` and `stop_token_ids` are vLLM's extensions.
+Contract, as vLLM parses its requests: a request model that validates carries only values the
+engine can take.  Types are strict ("0.5" is not a temperature, `true` is not a max_tokens), and
+`null` means "the default" for every field, nested ones too.  Three kinds of fields:
+
+    implemented      temperature, top_p, top_k, seed, stop, max_tokens, ...   -> SamplingParams
+    known, not       tools, response_format, logit_bias, presence_penalty,   -> accepted only at
+    implemented      min_p, best_of, logprobs, echo, ... (`NOT_IMPLEMENTED`)     a value that leaves
+                                                                                  the output as it
+                                                                                  is; else a 400
+                                                                                  naming the field
+    unknown          anything else (metadata, store, a client's own extras)   -> ignored, with one
+                                                                                  warning per field
+                                                                                  name in the log
+
+so a client that sends more than we know still works, and one that asks for something we would
+silently not do gets told.  `to_sampling_params()` maps a request onto `SamplingParams`, whose
+own checks give the remaining errors.  Field names, defaults and response shapes follow OpenAI's
+API reference (max_tokens defaults to 16 for completions, to the rest of the context for chat);
+`top_k`, `ignore_eos`, `stop_token_ids` and `/tokenize`'s bodies are vLLM's extensions.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from typing import Literal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ...sampling_params import SamplingParams
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+logger = logging.getLogger(__name__)
 
 
-class StreamOptions(_Strict):
+class _Lenient(BaseModel):
+    """Strict types; `null` dropped before validation (so the field's default applies); unknown
+    fields kept aside in `model_extra`, for `ignored_fields()` to report."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+    def ignored_fields(self, prefix: str = "") -> list[str]:
+        """Dotted names of the unknown fields, nested models included ("stream_options.x",
+        "messages[].x")."""
+        names = [prefix + name for name in self.model_extra or {}]
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, _Lenient):
+                names += value.ignored_fields(f"{prefix}{name}.")
+            elif isinstance(value, list):
+                for item in value:
+                    if isinstance(item, _Lenient):
+                        names += item.ignored_fields(f"{prefix}{name}[].")
+        return sorted(set(names))
+
+
+# One warning per ignored field name for the whole process: the log is the process's too, and a
+# client that sends `metadata` on every request should not fill it with the same line.
+_warned_fields: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_ignored(names: Iterable[str]) -> list[str]:
+    """Log each name not warned about before; returns the ones logged now."""
+    with _warned_lock:
+        new = [name for name in names if name not in _warned_fields]
+        _warned_fields.update(new)
+    for name in new:
+        logger.warning("request field %r is not known to this server and is ignored "
+                       "(warned once per field name)", name)
+    return new
+
+
+@dataclass(frozen=True)
+class NotImplementedField:
+    """A field this server knows but does not implement: accepted only where its value leaves
+    the output as it would be without it (`is_neutral`); `allowed` says which values those are."""
+
+    name: str
+    is_neutral: Callable[[Any], bool]
+    allowed: str
+
+    def problem(self, value: Any) -> str | None:
+        if value is None or self.is_neutral(value):
+            return None
+        return f"{self.name} is not supported by this server (only {self.allowed} or null), got {value!r}"
+
+
+def _is(*neutral) -> Callable[[Any], bool]:
+    """A check: the value equals one of `neutral`, and is a bool only where that is a bool
+    (Python's `True == 1` would let `true` pass as a penalty of 1)."""
+    def check(value: Any) -> bool:
+        return any(isinstance(value, bool) == isinstance(n, bool) and value == n for n in neutral)
+    return check
+
+
+def _empty(value: Any) -> bool:
+    return value in ({}, [], "")
+
+
+# Sampling extensions (OpenAI's and vLLM's) the engine has no code for.
+SAMPLING_NOT_IMPLEMENTED = (
+    NotImplementedField("presence_penalty", _is(0), "0"),
+    NotImplementedField("frequency_penalty", _is(0), "0"),
+    NotImplementedField("repetition_penalty", _is(1), "1"),
+    NotImplementedField("logit_bias", _empty, "{}"),
+    NotImplementedField("min_p", _is(0), "0"),
+    NotImplementedField("min_tokens", _is(0), "0"),
+    NotImplementedField("best_of", _is(1), "1"),
+    NotImplementedField("use_beam_search", _is(False), "false"),
+    NotImplementedField("length_penalty", _is(1), "1"),
+    NotImplementedField("prompt_logprobs", lambda v: False, "null"),
+    NotImplementedField("include_stop_str_in_output", _is(False), "false"),
+    NotImplementedField("skip_special_tokens", _is(True), "true"),
+    NotImplementedField("bad_words", _empty, "[]"),
+    NotImplementedField("allowed_token_ids", lambda v: False, "null"),
+    NotImplementedField("truncate_prompt_tokens", lambda v: False, "null"),
+    NotImplementedField("guided_json", lambda v: False, "null"),
+    NotImplementedField("guided_regex", lambda v: False, "null"),
+    NotImplementedField("guided_choice", lambda v: False, "null"),
+    NotImplementedField("guided_grammar", lambda v: False, "null"),
+    NotImplementedField("structured_outputs", lambda v: False, "null"),
+    NotImplementedField("response_format", lambda v: isinstance(v, dict) and v.get("type") == "text",
+                        '{"type": "text"}'),
+)
+COMPLETION_NOT_IMPLEMENTED = (
+    NotImplementedField("echo", _is(False), "false"),
+    NotImplementedField("suffix", _empty, '""'),
+)
+CHAT_NOT_IMPLEMENTED = (
+    NotImplementedField("top_logprobs", _is(0), "0"),
+    NotImplementedField("echo", _is(False), "false"),
+    NotImplementedField("add_generation_prompt", _is(True), "true"),
+    NotImplementedField("continue_final_message", _is(False), "false"),
+    NotImplementedField("chat_template", lambda v: False, "null (the model's own template is used)"),
+)
+
+
+class StreamOptions(_Lenient):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk (with include_usage)
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(_Lenient):
     model: str
     temperature: float | None = None
     top_p: float | None = None
@@ -39,20 +165,43 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Accepted at their neutral values only (the engine has no penalties or logprobs).
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     logprobs: bool | int | None = None
+    # Known, not implemented: see SAMPLING_NOT_IMPLEMENTED (any type: the check says what is allowed).
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    logit_bias: Any = None
+    min_p: Any = None
+    min_tokens: Any = None
+    best_of: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    prompt_logprobs: Any = None
+    include_stop_str_in_output: Any = None
+    skip_special_tokens: Any = None
+    bad_words: Any = None
+    allowed_token_ids: Any = None
+    truncate_prompt_tokens: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    response_format: Any = None
+
+    # The endpoint's own known-but-not-implemented fields, checked after SAMPLING_NOT_IMPLEMENTED.
+    not_implemented: ClassVar[tuple[NotImplementedField, ...]] = ()
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a value the engine cannot honour, or None."""
         if self.n != 1:
-            return "n", f"n must be 1 (one completion per request), got {self.n}"
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                return name, f"{name} is not supported by this server (only 0 or null)"
+            return "n", f"n must be 1 (one completion per prompt), got {self.n}"
         if self.logprobs not in (None, False, 0):
-            return "logprobs", "logprobs are not supported by this server"
+            return "logprobs", f"logprobs are not supported by this server (only false, 0 or null), got {self.logprobs!r}"
+        for field in (*SAMPLING_NOT_IMPLEMENTED, *self.not_implemented):
+            message = field.problem(getattr(self, field.name))
+            if message is not None:
+                return field.name, message
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed with stream: true"
         return None
@@ -74,44 +223,68 @@ class _SamplingFields(_Strict):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk: vLLM's continuous_usage_stats, which needs include_usage too."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[int] | list[str]
-    max_tokens: int | None = 16
-    echo: bool = False
-    suffix: str | None = None
+    # One prompt or several: text, token ids, a list of texts, a list of token-id lists.
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int = 16
+    echo: Any = None
+    suffix: Any = None
+
+    not_implemented = COMPLETION_NOT_IMPLEMENTED
 
     def unsupported(self) -> tuple[str, str] | None:
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
-            if len(self.prompt) != 1:
-                return "prompt", f"one prompt per request, got a list of {len(self.prompt)}"
-        if self.echo:
-            return "echo", "echo is not supported by this server"
-        if self.suffix:
-            return "suffix", "suffix is not supported by this server"
+        if isinstance(self.prompt, list) and not self.prompt:
+            return "prompt", "the prompt is empty: give a string, token ids, or a list of either"
         return super().unsupported()
 
-    def engine_prompt(self) -> str | dict:
-        """The prompt as the engine takes it: text, or {"prompt_token_ids": [...]}."""
+    def engine_prompts(self) -> list[str | dict]:
+        """The prompts as the engine takes them: text, or {"prompt_token_ids": [...]}; one per choice."""
         if isinstance(self.prompt, str):
-            return self.prompt
-        if self.prompt and isinstance(self.prompt[0], str):
-            return self.prompt[0]
-        return {"prompt_token_ids": list(self.prompt)}
+            return [self.prompt]
+        if all(isinstance(p, str) for p in self.prompt):
+            return list(self.prompt)
+        if all(isinstance(p, int) for p in self.prompt):
+            return [{"prompt_token_ids": list(self.prompt)}]
+        return [{"prompt_token_ids": list(ids)} for ids in self.prompt]
 
 
-class TextContent(_Strict):
+class TextContent(_Lenient):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Strict):
+class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextContent]
+    content: str | list[TextContent] | None = None  # None only for an assistant turn
     name: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _only_text_parts(cls, content: Any) -> Any:
+        if isinstance(content, list):
+            kinds = sorted({str(p.get("type")) for p in content if isinstance(p, dict) and p.get("type") != "text"})
+            if kinds:
+                raise ValueError(f"content parts of type {kinds} are not supported by this server "
+                                 "(only {\"type\": \"text\", \"text\": ...})")
+        return content
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content: this field is required in a {self.role} message")
+        return self
+
     def as_template_input(self) -> dict:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if self.content is None or isinstance(self.content, str):
+            content = self.content or ""
+        else:
+            content = "".join(p.text for p in self.content)
         role = "system" if self.role == "developer" else self.role
         message = {"role": role, "content": content}
         if self.name:
@@ -119,19 +292,63 @@ class ChatMessage(_Strict):
         return message
 
 
+def _no_tools(tools: Any, choice: Any, tools_name: str, choice_name: str) -> tuple[str, str] | None:
+    """Tools are accepted only when the model may not call them: no tool calling here."""
+    if not tools:
+        if choice in (None, "none", "auto"):
+            return None
+        return choice_name, f"{choice_name}={choice!r} needs tool calling, which this server does not support"
+    if choice == "none":
+        return None
+    return tools_name, (f"{tools_name} with {choice_name}={'auto (the default)' if choice is None else repr(choice)} "
+                        f"needs tool calling, which this server does not support (only {choice_name}: \"none\")")
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template, as vLLM's
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None  # OpenAI's older spelling of tools
+    function_call: Any = None
+    top_logprobs: Any = None
+    echo: Any = None
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
+    chat_template: Any = None
+
+    not_implemented = CHAT_NOT_IMPLEMENTED
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             return "max_tokens", "give max_tokens or max_completion_tokens, not both"
+        for tools, choice in (("tools", "tool_choice"), ("functions", "function_call")):
+            problem = _no_tools(getattr(self, tools), getattr(self, choice), tools, choice)
+            if problem is not None:
+                return problem
         return super().unsupported()
 
     @property
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class TokenizeRequest(_Lenient):
+    """vLLM's /tokenize body: a prompt, or chat messages rendered with the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True  # as the server's own requests are tokenized
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = None
+    tokens: list[int]
 
 
 # -- responses ------------------------------------------------------------------------------
@@ -210,16 +427,33 @@ class ChatCompletionChunk(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """An entry of /v1/models, with vLLM's fields: `root` is the model as the server was given
+    it, `parent` the base model of an adapter (None: this is no adapter)."""
+
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "minilm-engine"
+    root: str
+    parent: str | None = None
     max_model_len: int
+    permission: list = Field(default_factory=list)
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ErrorInfo(BaseModel):

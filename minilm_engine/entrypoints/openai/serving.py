@@ -1,14 +1,20 @@
-"""Completions and chat completions: validated request -> engine request -> JSON or SSE chunks.
+"""Completions and chat completions: validated request -> engine requests -> JSON or SSE chunks.
 
-Contract: `OpenAIServing.prepare_*` turn a parsed request into an engine `Request` or raise
-`APIError` (status, message, param, code) before anything reaches the engine; `stream_*` yield
-the server-sent-event lines of a streamed answer ("data: {...}\\n\\n", then "data: [DONE]\\n\\n");
-`collect` waits for the whole answer.  Neither knows about HTTP connections: the routes in
-`api_server.py` abort the request when its client goes away.
+Contract: `OpenAIServing.prepare_*` turn a parsed request into a `Prepared` (one engine
+`Request` per prompt: a chat has one, a completion as many as its `prompt` lists) or raise
+`APIError` (status, message, param, code) before anything reaches the engine; `submit` adds them
+all or none; `stream_*` yield the server-sent-event lines of a streamed answer ("data: {...}\\n\\n",
+then "data: [DONE]\\n\\n"); `*_response` wait for the whole answer.  Neither knows about HTTP
+connections: the routes in `api_server.py` abort the requests when their client goes away.
+
+Choices are indexed as OpenAI indexes them: prompt i's choice has `index` i (one choice per
+prompt, n is 1).  A streamed chat sends the assistant's role in the chunk of its first token,
+not before the prompt is processed, so a client's time to first token is the engine's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +35,7 @@ from .protocol import (
     CompletionResponse,
     Usage,
     _SamplingFields,
+    warn_ignored,
 )
 
 
@@ -46,9 +53,17 @@ class APIError(Exception):
 
 @dataclass
 class Prepared:
-    request: Request
+    """One HTTP request, ready for the engine: its engine requests, one per prompt (choice)."""
+
+    response_id: str
+    requests: list[Request]
     model: str
-    include_usage: bool
+    include_usage: bool  # a last chunk with the usage of the whole answer
+    continuous_usage: bool  # usage on every chunk too (vLLM's continuous_usage_stats)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [r.request_id for r in self.requests]
 
 
 def sse(payload: dict | str) -> str:
@@ -65,13 +80,19 @@ class OpenAIServing:
 
     # -- preparing --------------------------------------------------------------------------
 
-    def _check_common(self, body: _SamplingFields) -> None:
-        if body.model not in self.served_model_names:
-            raise APIError(404, f"The model `{body.model}` does not exist; this server serves "
+    def check_model(self, model: str | None) -> None:
+        """404 for a model this server does not serve (None: the request named none, fine)."""
+        if model is not None and model not in self.served_model_names:
+            raise APIError(404, f"The model `{model}` does not exist; this server serves "
                            f"{self.served_model_names}.", "model", "model_not_found")
+
+    def _check_common(self, body: _SamplingFields) -> None:
+        self.check_model(body.model)
         problem = body.unsupported()
         if problem is not None:
-            raise APIError(400, problem[1], problem[0], "unsupported_value" if problem[0] != "n" else "invalid_value")
+            param, message = problem
+            raise APIError(400, message, param, "invalid_value" if param in ("n", "prompt") else "unsupported_value")
+        warn_ignored(body.ignored_fields())
 
     def _make(self, request_id: str, prompt, body: _SamplingFields, max_tokens: int | None,
               extra_stop: tuple[str, ...] = ()) -> Request:
@@ -97,31 +118,47 @@ class OpenAIServing:
 
     def prepare_completion(self, body: CompletionRequest) -> Prepared:
         self._check_common(body)
-        request_id = self.engine.new_request_id("cmpl")
-        request = self._make(request_id, body.engine_prompt(), body, body.max_tokens)
-        return Prepared(request, body.model, body.include_usage)
+        response_id = self.engine.new_request_id("cmpl")
+        prompts = body.engine_prompts()
+        # One engine request per prompt, all made (and so all checked) before any is submitted.
+        ids = [response_id] if len(prompts) == 1 else [f"{response_id}-{i}" for i in range(len(prompts))]
+        requests = [self._make(rid, prompt, body, body.max_tokens) for rid, prompt in zip(ids, prompts)]
+        return Prepared(response_id, requests, body.model, body.include_usage, body.continuous_usage)
 
     def prepare_chat(self, body: ChatCompletionRequest) -> Prepared:
         self._check_common(body)
+        prompt = self.render(body.messages, body.chat_template_kwargs)
+        response_id = self.engine.new_request_id("chatcmpl")
+        request = self._make(response_id, prompt, body, body.max_new_tokens, self.chat_format.default_stop)
+        return Prepared(response_id, [request], body.model, body.include_usage, body.continuous_usage)
+
+    def render(self, messages, template_kwargs: dict | None = None) -> str:
+        """Chat messages -> the prompt text (the chat template), or a 400 saying why not."""
         if self.chat_format is None:
             raise APIError(400, "This model has no chat template (its tokenizer defines none); "
                            "use /v1/completions with a prompt instead.", "messages", "no_chat_template")
         try:
-            prompt = render_chat(self.engine.llm.tokenizer, self.chat_format,
-                                 [m.as_template_input() for m in body.messages])
+            return render_chat(self.engine.llm.tokenizer, self.chat_format,
+                               [m.as_template_input() for m in messages], template_kwargs)
         except Exception as e:  # a template may raise on roles it does not support
             raise APIError(400, f"the chat template could not render these messages: {e}", "messages") from None
-        request_id = self.engine.new_request_id("chatcmpl")
-        request = self._make(request_id, prompt, body, body.max_new_tokens, self.chat_format.default_stop)
-        return Prepared(request, body.model, body.include_usage)
 
-    async def submit(self, prepared: Prepared) -> RequestStream:
+    async def submit(self, prepared: Prepared) -> list[RequestStream]:
+        """Add every request of `prepared` to the engine, or none: if one is refused, those
+        already added are aborted before the error is raised."""
+        streams: list[RequestStream] = []
         try:
-            return await self.engine.add_request(prepared.request)
-        except (ValueError, TypeError) as e:  # e.g. could not fit the KV pool even alone
-            raise APIError(400, str(e), "max_tokens", "invalid_value") from None
-        except RuntimeError as e:
-            raise APIError(503, str(e), None, "shutting_down", type="server_error") from None
+            for request in prepared.requests:
+                streams.append(await self.engine.add_request(request))
+        except BaseException as e:
+            for request_id in prepared.request_ids:
+                self.engine.abort(request_id)
+            if isinstance(e, (ValueError, TypeError)):  # e.g. could not fit the KV pool even alone
+                raise APIError(400, str(e), "max_tokens", "invalid_value") from None
+            if isinstance(e, RuntimeError):
+                raise APIError(503, str(e), None, "shutting_down", type="server_error") from None
+            raise
+        return streams
 
     # -- answering --------------------------------------------------------------------------
 
@@ -134,64 +171,109 @@ class OpenAIServing:
             last = delta
         return "".join(pieces), last.finish_reason, last.num_prompt_tokens, last.num_output_tokens
 
-    async def completion_response(self, prepared: Prepared, stream: RequestStream) -> dict:
-        text, reason, num_prompt, num_output = await self.collect(stream)
+    async def completion_response(self, prepared: Prepared, streams: list[RequestStream]) -> dict:
+        answers = await asyncio.gather(*(self.collect(s) for s in streams))
         return CompletionResponse(
-            id=prepared.request.request_id, model=prepared.model,
-            choices=[CompletionChoice(text=text, finish_reason=reason)],
-            usage=Usage.of(num_prompt, num_output),
+            id=prepared.response_id, model=prepared.model,
+            choices=[CompletionChoice(index=i, text=text, finish_reason=reason)
+                     for i, (text, reason, _, _) in enumerate(answers)],
+            usage=Usage.of(sum(a[2] for a in answers), sum(a[3] for a in answers)),
         ).model_dump()
 
-    async def chat_response(self, prepared: Prepared, stream: RequestStream) -> dict:
+    async def chat_response(self, prepared: Prepared, streams: list[RequestStream]) -> dict:
+        (stream,) = streams
         text, reason, num_prompt, num_output = await self.collect(stream)
         return ChatCompletionResponse(
-            id=prepared.request.request_id, model=prepared.model,
+            id=prepared.response_id, model=prepared.model,
             choices=[ChatChoice(message=ChatResponseMessage(content=text), finish_reason=reason)],
             usage=Usage.of(num_prompt, num_output),
         ).model_dump()
 
-    async def stream_completion(self, prepared: Prepared, stream: RequestStream) -> AsyncIterator[str]:
-        request_id, model = prepared.request.request_id, prepared.model
-        last = None
-        async for delta in stream:
-            last = delta
+    async def stream_completion(self, prepared: Prepared, streams: list[RequestStream]) -> AsyncIterator[str]:
+        last: dict[int, StreamDelta] = {}
+        async for index, delta in merge_streams(streams):
+            last[index] = delta
             if not delta.text and not delta.finished:
                 continue  # text held back (a possible stop string): nothing to show yet
             chunk = CompletionResponse(
-                id=request_id, model=model,
-                choices=[CompletionChoice(text=delta.text, finish_reason=delta.finish_reason)],
-            ).model_dump(exclude={"usage"})
-            yield sse(chunk)
-        if prepared.include_usage and last is not None:
-            yield _usage_event(CompletionResponse, request_id, model, last)
+                id=prepared.response_id, model=prepared.model,
+                choices=[CompletionChoice(index=index, text=delta.text, finish_reason=delta.finish_reason)],
+                usage=_usage_of([delta]) if prepared.continuous_usage else None,
+            )
+            yield sse(chunk.model_dump(exclude=None if prepared.continuous_usage else {"usage"}))
+        if prepared.include_usage and last:
+            yield _usage_event(CompletionResponse, prepared, list(last.values()))
         yield sse("[DONE]")
 
-    async def stream_chat(self, prepared: Prepared, stream: RequestStream) -> AsyncIterator[str]:
-        request_id, model = prepared.request.request_id, prepared.model
+    async def stream_chat(self, prepared: Prepared, streams: list[RequestStream]) -> AsyncIterator[str]:
+        (stream,) = streams
 
-        def chunk(delta: ChatDelta, finish_reason: str | None = None) -> str:
-            return sse(ChatCompletionChunk(
-                id=request_id, model=model,
+        def chunk(delta: ChatDelta, now: StreamDelta, finish_reason: str | None = None) -> str:
+            body = ChatCompletionChunk(
+                id=prepared.response_id, model=prepared.model,
                 choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)],
-            ).model_dump(exclude={"usage"}, exclude_none=False))
+                usage=_usage_of([now]) if prepared.continuous_usage else None,
+            )
+            return sse(body.model_dump(exclude=None if prepared.continuous_usage else {"usage"}))
 
-        yield chunk(ChatDelta(role="assistant", content=""))
-        last = None
+        last, role_sent = None, False
         async for delta in stream:
             last = delta
-            if delta.text:
-                yield chunk(ChatDelta(content=delta.text))
+            # The role rides on the first text (or on the end of an answer with none), so the
+            # first chunk a client sees comes after the prompt was processed.
+            if delta.text or (delta.finished and not role_sent):
+                yield chunk(ChatDelta(role=None if role_sent else "assistant", content=delta.text), delta)
+                role_sent = True
             if delta.finished:
-                yield chunk(ChatDelta(), delta.finish_reason)
+                yield chunk(ChatDelta(), delta, delta.finish_reason)
         if prepared.include_usage and last is not None:
-            yield _usage_event(ChatCompletionChunk, request_id, model, last)
+            yield _usage_event(ChatCompletionChunk, prepared, [last])
         yield sse("[DONE]")
 
 
-def _usage_event(chunk_class, request_id: str, model: str, last: StreamDelta) -> str:
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, StreamDelta]]:
+    """(index, delta) of several request streams, in the order the deltas arrive; ends when all
+    have ended, raises the first error any of them raises."""
+    if len(streams) == 1:  # the common case needs no tasks
+        async for delta in streams[0]:
+            yield 0, delta
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for delta in stream:
+                queue.put_nowait((index, delta))
+        except Exception as e:
+            queue.put_nowait((index, e))
+        finally:
+            queue.put_nowait((index, done))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        num_open = len(streams)
+        while num_open:
+            index, item = await queue.get()
+            if item is done:
+                num_open -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _usage_of(deltas: list[StreamDelta]) -> Usage:
+    return Usage.of(sum(d.num_prompt_tokens for d in deltas), sum(d.num_output_tokens for d in deltas))
+
+
+def _usage_event(chunk_class, prepared: Prepared, last: list[StreamDelta]) -> str:
     """The last event of a stream asked with stream_options.include_usage: no choices, usage."""
-    return sse(chunk_class(id=request_id, model=model, choices=[],
-                           usage=Usage.of(last.num_prompt_tokens, last.num_output_tokens)).model_dump())
+    return sse(chunk_class(id=prepared.response_id, model=prepared.model, choices=[],
+                           usage=_usage_of(last)).model_dump())
 
 
 def _param_named_in(message: str) -> str | None:
