@@ -50,7 +50,7 @@ from common import add_threads_option, apply_threads_option, sync
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.experiments.quantization import Setting, decode_speed_table, write_random_qwen3
 from minilm_engine.models.known_configs import KNOWN_CONFIGS
-from minilm_engine.quantization.checkpoint import quantize_checkpoint
+from minilm_engine.quantize import quantize_checkpoint
 
 MODEL_ID = "Qwen/Qwen3-0.6B"
 QUICK_OVERRIDES = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=2,

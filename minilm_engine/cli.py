@@ -81,7 +81,7 @@ def add_quantize_parser(sub) -> None:
 def quantize_main(args) -> int:
     from pathlib import Path
 
-    from .quantization.checkpoint import quantize_checkpoint
+    from .quantize import quantize_checkpoint
 
     options = {"method": args.method, "pad_in_features": not args.no_pad, "lm_head": args.quantize_lm_head}
     if args.group_size is not None:

@@ -1,10 +1,13 @@
 """The package's import graph, read from the source with `ast` (nothing is imported).
 
-Contract checked: the engine core (engine/, kv_cache/, attention/, models/) reaches none of
-teaching/, experiments/, viz/, and its folders import each other without a circle, so each
-can be read, and tested, below the ones that use it:
+Contract checked: the engine core (engine/, kv_cache/, attention/, models/, spec_decode/,
+quantization/, and the top-level modules they use: request, sampler, ...) reaches none of
+teaching/, experiments/, viz/, ledger/; and no two folders of the package import each other,
+directly or through others, anywhere in a file (inside functions and `TYPE_CHECKING` blocks
+too), so each folder can be read, and tested, below the ones that use it.  The folder layering
+in ARCHITECTURE.md is this graph, rendered by `folder_layering()`:
 
-    engine ──> kv_cache ──> models ──> attention      (each may also skip a layer down)
+    python tests/test_import_graph.py     # prints the block ARCHITECTURE.md must hold
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minilm_engine"
-CORE = ("engine", "kv_cache", "attention", "models")
+CORE = ("engine", "kv_cache", "attention", "models", "spec_decode", "quantization")
+CORE_MODULES = ("request", "sampler", "sampling_params", "outputs", "inputs", "detokenizer", "device")
 NOT_CORE = ("teaching", "experiments", "viz", "ledger")
 
 
@@ -60,9 +64,14 @@ def test_the_graph_is_read():
     assert "minilm_engine.attention.triton_paged_decode" in graph["minilm_engine.experiments.kernel_stats"]
 
 
+def is_core(module: str) -> bool:
+    return folder(module) in CORE or module.split(".")[-1] in CORE_MODULES and folder(module) is None
+
+
 def test_engine_core_reaches_no_teaching_code():
     graph = import_graph()
-    for start in (m for m in graph if folder(m) in CORE):
+    assert sum(map(is_core, graph)) > 40  # every core folder and module is walked from
+    for start in (m for m in graph if is_core(m)):
         seen, todo = {start}, [start]
         while todo:
             for nxt in graph[todo.pop()]:
@@ -72,15 +81,71 @@ def test_engine_core_reaches_no_teaching_code():
                     todo.append(nxt)
 
 
-def test_core_folders_import_downward_only():
-    # Layered, lowest first: a folder imports only folders below it, so there is no circle.
-    layers = ["attention", "models", "kv_cache", "engine"]
-    edges = {
-        (folder(m), folder(n))
-        for m, targets in import_graph().items()
-        for n in targets
-        if folder(m) in CORE and folder(n) in CORE and folder(m) != folder(n)
-    }
-    assert ("kv_cache", "attention") in edges  # the cache hands its tensors to attention
-    upward = sorted((a, b) for a, b in edges if layers.index(a) < layers.index(b))
-    assert not upward, f"imports against the layering {layers}: {upward}"
+def folder_edges() -> dict[str, set[str]]:
+    """folder -> the other folders its modules import (top-level modules left out)."""
+    edges: dict[str, set[str]] = {}
+    for m, targets in import_graph().items():
+        if folder(m) is None:
+            continue
+        edges.setdefault(folder(m), set())
+        edges[folder(m)] |= {folder(n) for n in targets if folder(n) not in (None, folder(m))}
+    return edges
+
+
+def folder_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """A circle of folders importing each other, or None (depth-first search)."""
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = "done"
+        path.pop()
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def folder_layering(edges: dict[str, set[str]]) -> str:
+    """Folders from the top (imported by none) down, each with the folders it imports."""
+    depth: dict[str, int] = {}
+
+    def height(node: str) -> int:  # 0: imports no other folder
+        if node not in depth:
+            depth[node] = 1 + max((height(n) for n in edges.get(node, ())), default=-1)
+        return depth[node]
+
+    rows = sorted(edges, key=lambda f: (-height(f), f))
+    width = max(len(f) for f in rows) + 1
+    lines = [f"{f + '/':<{width}} ──> " + (", ".join(f"{n}/" for n in sorted(edges[f], key=lambda n: (-height(n), n))) or "(none)")
+             for f in rows]
+    return "\n".join(lines)
+
+
+def test_no_two_folders_import_each_other():
+    edges = folder_edges()
+    assert {"engine", "spec_decode", "quantization", "entrypoints", "bench"} <= set(edges)
+    assert "attention" in edges["kv_cache"]  # the cache hands its tensors to attention
+    cycle = folder_cycle(edges)
+    assert cycle is None, "folders in an import circle: " + " -> ".join(cycle)
+    # the checker sees a circle when there is one
+    assert folder_cycle({**edges, "attention": edges["attention"] | {"engine"}}) is not None
+
+
+def test_architecture_shows_the_folder_layering_as_it_is():
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    block = text.split("<!-- folder-layering: python tests/test_import_graph.py -->\n```\n", 1)[1].split("```", 1)[0]
+    assert block.strip() == folder_layering(folder_edges()), "regenerate with: python tests/test_import_graph.py"
+
+
+if __name__ == "__main__":
+    print(folder_layering(folder_edges()))

@@ -21,7 +21,7 @@ from minilm_engine import LLM, SamplingParams
 from minilm_engine.cli import main as cli_main
 from minilm_engine.quantization import QuantizationConfig, QuantizationError, QuantizedLinear, schemes
 from minilm_engine.quantization.calibration import output_error, search_scales
-from minilm_engine.quantization.checkpoint import quantize_checkpoint
+from minilm_engine.quantize import quantize_checkpoint
 from minilm_engine.quantization.kernels import make_kernel, select_kernel
 from minilm_engine.strategies import STRATEGIES
 

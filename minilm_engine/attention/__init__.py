@@ -1,5 +1,5 @@
 """Attention math, kept apart from the model so that each KV-cache layout can reuse it."""
 
-from .reference import AttentionContext, attention, causal_mask
+from .reference import AttentionContext, NoKVCache, attention, causal_mask
 
-__all__ = ["AttentionContext", "attention", "causal_mask"]
+__all__ = ["AttentionContext", "NoKVCache", "attention", "causal_mask"]

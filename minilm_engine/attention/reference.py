@@ -4,7 +4,7 @@ Contract: `attention(q, k, v, mask)` is plain softmax(q k^T / sqrt(d)) v in floa
 the reference every faster backend is tested against.  `AttentionContext` is the one method
 the model needs from whoever owns the keys and values: the model hands over this step's q, k, v
 for a layer and gets the attention output back, without knowing whether the keys live nowhere
-(recompute), in a contiguous tensor, or in pages.
+(recompute: `NoKVCache`, below), in a contiguous tensor, or in pages.
 """
 
 from __future__ import annotations
@@ -63,3 +63,16 @@ def causal_mask(
     not_future = key_slots[None, :] <= query_slots[:, None]  # (T, S)
     is_self = key_slots[None, :] == query_slots[:, None]  # (T, S)
     return not_future[None] & (key_valid[:, None, :] | is_self[None])
+
+
+class NoKVCache:
+    """Attention over this step's tokens only: nothing is kept, so every step starts over."""
+
+    def __init__(self, valid: torch.Tensor):
+        # valid: (B, T) bool, False for padding tokens
+        T = valid.shape[1]
+        self._mask = causal_mask(valid, torch.arange(T, device=valid.device))
+
+    def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self._mask)
+        return out.transpose(1, 2)

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
 import torch
 
 from ..attention.backends import AttentionBackend
 from ..attention.paged import PagedAttentionMetadata
 from ..kv_cache.block_manager import BlockManager
-from ..kv_cache.block_table import slot_mapping as slots_of
+from ..kv_cache.chunks import Chunk, flatten_chunks
 from ..kv_cache.paged import PagedAttention, PagedKVCache
 from ..models import CausalLM
 from ..sampler import sample
@@ -55,8 +54,9 @@ class ModelRunner:
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
             # A speculating decode computes its last token, then its drafts after it.
             token_ids = s.request.all_token_ids[start : end - len(s.spec_token_ids)] + s.spec_token_ids
-            chunks.append((s.request.request_id, token_ids, start))
-        return flatten_chunks(chunks, self.block_manager, self.model.device)
+            rid = s.request.request_id
+            chunks.append(Chunk(rid, token_ids, start, self.block_manager.get_block_table(rid)))
+        return flatten_chunks(chunks, self.block_manager.block_size, self.model.device)
 
     @torch.inference_mode()
     def execute(
@@ -109,45 +109,3 @@ class ModelRunner:
                 draft, logits[offset : offset + k + 1], s.request.sampling_params, s.request.generator
             )
             offset += k + 1
-
-
-def flatten_chunks(
-    chunks: list[tuple[str, list[int], int]], block_manager: BlockManager, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
-    """(request id, token ids, position of the first) per sequence -> (input_ids (N,),
-    positions (N,), metadata) of one flat forward pass over all of them.  The draft model of
-    speculative decoding builds its passes with it too, over its own block manager."""
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slot_mapping: list[int] = []
-    query_start_loc = [0]
-    context_lens: list[int] = []
-    block_tables: list[list[int]] = []
-    block_size = block_manager.block_size
-    for request_id, token_ids, start in chunks:
-        end = start + len(token_ids)
-        # The scheduler allocated slots for [start, end): the table covers them.
-        table = block_manager.get_block_table(request_id)
-        input_ids += token_ids
-        positions += range(start, end)
-        slot_mapping += slots_of(table, block_size, start, end)
-        query_start_loc.append(len(input_ids))
-        context_lens.append(end)
-        block_tables.append(table)
-    width = max(len(t) for t in block_tables)
-
-    def as_tensor(values) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=device)
-
-    meta = PagedAttentionMetadata(
-        slot_mapping=as_tensor(slot_mapping),
-        query_start_loc=as_tensor(query_start_loc),
-        context_lens=as_tensor(context_lens),
-        # Through numpy: a list of lists converts to an array ~4x faster than to a tensor,
-        # and at 256 sequences of long contexts this table is most of what a step copies.
-        block_tables=torch.from_numpy(
-            np.array([t + [0] * (width - len(t)) for t in block_tables], dtype=np.int64)
-        ).to(device),
-        max_query_len=max(len(token_ids) for _, token_ids, _ in chunks),
-    )
-    return as_tensor(input_ids), as_tensor(positions), meta

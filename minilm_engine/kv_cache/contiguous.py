@@ -11,15 +11,18 @@ and the keys/values of those tokens stay in the cache for the next step.
 
 This is the layout `transformers.generate` and static batching use: simple, but each row
 reserves `max_len` slots whether or not its request ever gets that long (chapter 03 measures
-that waste).  `NoKVCache` keeps nothing: every step recomputes the whole sequence.
+that waste).  `NoKVCache` keeps nothing: every step recomputes the whole sequence (it is an
+attention context over the step's tokens only, so it lives in `attention/`; named here too).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..attention import attention, causal_mask
+from ..attention import NoKVCache, attention, causal_mask
 from ..models.config import ModelConfig
+
+__all__ = ["ContiguousKVCache", "NoKVCache"]
 
 
 class ContiguousKVCache:
@@ -73,17 +76,4 @@ class ContiguousKVCache:
             self.v[layer_idx][:, :, :end],
             self._mask,
         )  # (B, H, T, D)
-        return out.transpose(1, 2)
-
-
-class NoKVCache:
-    """Attention over this step's tokens only: nothing is kept, so every step starts over."""
-
-    def __init__(self, valid: torch.Tensor):
-        # valid: (B, T) bool, False for padding tokens
-        T = valid.shape[1]
-        self._mask = causal_mask(valid, torch.arange(T, device=valid.device))
-
-    def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
-        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self._mask)
         return out.transpose(1, 2)

@@ -72,7 +72,7 @@ def calibration_windows(tokenizer, texts: list[str], max_tokens: int) -> torch.T
 @torch.no_grad()
 def collect_inputs(model: nn.Module, windows: list[torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per projection layer: (mean |x| per input channel (K,), a random sample of rows (n, K))."""
-    from ..kv_cache.contiguous import NoKVCache
+    from ..attention import NoKVCache
 
     layers = projection_layers(model)
     sums = {name: 0.0 for name in layers}

@@ -4,8 +4,8 @@ Contract: `save_quantized(model, source, out)` writes `out/model.safetensors` (t
 layers' codes, scales and offsets under the layer's name: `...q_proj.qweight`,
 `...q_proj.scales`, ...; every other tensor as in the source), `out/config.json` (the source's,
 plus a `quantization_config` entry saying how) and copies the tokenizer and generation config.
-`models.loader.load_model` reads such a folder back without calibrating again.
-`quantize_checkpoint(model, out, config)` is the whole `minilm-engine quantize` command.
+`models.loader.load_model` reads such a folder back without calibrating again (the
+whole `minilm-engine quantize` command, which loads the source first, is `..quantize`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
 
 from .config import SCALE_DTYPES, QuantizationError
 from .linear import QuantizedLinear
@@ -53,21 +52,3 @@ def save_quantized(model, source: str | Path, out: str | Path) -> Path:
         if (source / file).is_file():
             shutil.copy(source / file, out / file)
     return out
-
-
-def quantize_checkpoint(model: str | Path | None, out: str | Path, scheme: str, options: dict | None = None) -> Path:
-    """Load `model` (folder or shipped name) on the CPU in fp32, quantize it, write `out`."""
-    from ..llm import _load_tokenizer
-    from ..models import load_model, resolve_model_path
-    from .setup import config_from_user, quantize_in_place
-
-    source = resolve_model_path(model)
-    full = load_model(source, dtype=torch.float32, device="cpu")
-    if full.quantization_config is not None:
-        raise QuantizationError(
-            f"{source} is already quantized ({full.quantization_config.describe()}); "
-            "quantize the original full-precision checkpoint"
-        )
-    config = config_from_user(full, scheme, options)
-    quantize_in_place(full, _load_tokenizer(source), config)
-    return save_quantized(full, source, out)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..attention.backends import AttentionBackend
-from ..engine.model_runner import flatten_chunks
+from ..kv_cache.chunks import Chunk, flatten_chunks
 from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool
 from ..kv_cache.paged import PagedAttention, PagedKVCache
@@ -122,7 +122,7 @@ class DraftModelProposer:
                 start = self._allocate_catch_up(request)
                 if start is not None:
                     active.append(i)
-                    chunks.append((request.request_id, request.all_token_ids[start:], start))
+                    chunks.append(self._chunk(request.request_id, request.all_token_ids[start:], start))
         while active:
             logits = self._forward(chunks)  # (len(active), V) at each chunk's last token
             best = logits.argmax(dim=-1).tolist()  # the greedy requests' drafts, in one call
@@ -141,7 +141,7 @@ class DraftModelProposer:
                 if not self.block_manager.allocate_slots(rid, position, 1):
                     continue  # draft pool short: propose what we have
                 next_active.append(i)
-                chunks.append((rid, [drafted[-1]], position))
+                chunks.append(self._chunk(rid, [drafted[-1]], position))
             active = next_active
         for i, rows in enumerate(probs):
             if rows:
@@ -170,12 +170,16 @@ class DraftModelProposer:
         probs.append(q)
         return int(torch.multinomial(q, 1, generator=request.generator))
 
-    def _forward(self, chunks: list[tuple[str, list[int], int]]) -> torch.Tensor:
-        """chunks of (request id, token ids, first position) -> (num_chunks, V) logits at each
-        chunk's last token.  Writes the chunks' keys/values into the draft's cache."""
-        ids, pos, meta = flatten_chunks(chunks, self.block_manager, self.model.device)
-        for rid, token_ids, start in chunks:
-            self.num_computed_tokens[rid] = start + len(token_ids)
+    def _chunk(self, request_id: str, token_ids: list[int], start: int) -> Chunk:
+        """A chunk over the draft's own block table (its slots were allocated before)."""
+        return Chunk(request_id, token_ids, start, self.block_manager.get_block_table(request_id))
+
+    def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        """-> (num_chunks, V) logits at each chunk's last token.  Writes the chunks'
+        keys/values into the draft's cache."""
+        ids, pos, meta = flatten_chunks(chunks, self.block_manager.block_size, self.model.device)
+        for chunk in chunks:
+            self.num_computed_tokens[chunk.request_id] = chunk.end
         attn = PagedAttention(self.cache, meta, self.attention_backend)
         hidden = self.model(ids[None], pos[None], attn)[0]  # (N, hidden)
         return self.model.compute_logits(hidden[meta.query_start_loc[1:] - 1])
