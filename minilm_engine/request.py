@@ -56,9 +56,6 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose keys/values are in the cache (paged engine)
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
     detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer, repr=False)
-    # Speculative decoding: the draft's proposals for this step, verified by the target in the
-    # same forward as the request's last token (empty without speculation), and the counters.
-    spec_token_ids: list[int] = field(default_factory=list)
     # True: output_text follows every token (streaming).  False: decoded once when the request
     # ends (`LLM.generate`, which returns only finished outputs), unless stop strings need it.
     incremental_text: bool = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import torch
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -23,6 +24,7 @@ from minilm_engine.kv_cache.block_manager import BlockManager, cdiv
 from minilm_engine.kv_cache.block_pool import BlockPool
 from minilm_engine.request import Request, RequestStatus
 from minilm_engine.sampling_params import SamplingParams
+from minilm_engine.spec_decode.rejection_sampler import DraftTokens
 
 
 def make_scheduler(num_blocks: int, block_size: int = 4, **config) -> Scheduler:
@@ -49,7 +51,7 @@ def run_step(scheduler: Scheduler, tokens=None) -> SchedulerOutput:
     tokens = tokens if tokens is not None else itertools.count(100)
     out = scheduler.schedule()
     # Decided before update_from_output, as the model runner does.
-    sampling = [s.request for s in out.scheduled if s.completes_sequence]
+    sampling = [s.request for s in out.scheduled if s.samples_token]
     scheduler.update_from_output(out)
     for request in sampling:
         request.append_output_token(next(tokens), "")
@@ -104,11 +106,11 @@ def test_running_requests_are_scheduled_before_waiting_ones():
     assert num_new(out) == {"a": 1, "b": 4}
     assert [s.is_prefill for s in out.scheduled] == [False, True]
     assert (out.num_decode_tokens, out.num_prefill_tokens) == (1, 4)
-    assert [s.completes_sequence for s in out.scheduled] == [True, False]
+    assert [s.samples_token for s in out.scheduled] == [True, False]
     # Decided once, in schedule(): the step running does not change what it was.
     scheduler.update_from_output(out)
     assert [s.is_prefill for s in out.scheduled] == [False, True]
-    assert [s.completes_sequence for s in out.scheduled] == [True, False]
+    assert [s.samples_token for s in out.scheduled] == [True, False]
     assert [s.num_computed_tokens for s in out.scheduled] == [3, 0]
 
 
@@ -333,7 +335,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             event("a step preempted")
         if any(x.num_cached_tokens for x in out.scheduled):
             event("a step had a prefix hit")
-        if any(not x.completes_sequence for x in out.scheduled):
+        if any(not x.samples_token for x in out.scheduled):
             event("a step ran a partial prompt chunk")
 
     @rule(index=st.integers(0, 100))
@@ -374,7 +376,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 )
         for victim in out.preempted:
             assert victim in s.waiting and victim.request_id not in manager.block_tables
-        sampling = [x.request for x in out.scheduled if x.completes_sequence]
+        sampling = [x.request for x in out.scheduled if x.samples_token]
         s.update_from_output(out)
         for r in sampling:
             r.append_output_token(rng.randrange(VOCAB), "")
@@ -479,15 +481,18 @@ def test_a_decode_with_drafts_gets_one_token_per_draft_and_rolls_back_rejections
     scheduler.add_request(request)
     run_step(scheduler)  # the prompt, and a first token
     assert request.num_computed_tokens == 4 and request.num_tokens == 5
-    request.spec_token_ids = [7, 8, 9, 10]  # 4 drafts: 1 + 4 tokens, but the budget is 4
-    out = scheduler.schedule()
+    probs = torch.softmax(torch.randn(4, 50), dim=-1)  # (k, V) the draft's distributions
+    drafts = {"a": DraftTokens([7, 8, 9, 10], probs)}  # 4 drafts: 1 + 4 tokens, but the budget is 4
+    out = scheduler.schedule(drafts)
     (s,) = out.scheduled
-    assert (s.num_new_tokens, s.spec_token_ids, s.is_prefill, s.completes_sequence) == (4, [7, 8, 9], False, True)
+    assert (s.num_new_tokens, s.spec_token_ids, s.is_prefill, s.samples_token) == (4, [7, 8, 9], False, True)
+    assert torch.equal(s.draft.probs, probs[:3])  # ids and probabilities cut together
     assert len(table_ids(scheduler, request)) == cdiv(4 + 4, 2)  # slots for the drafts too
     # The target accepted d1 only and added its own token: 2 tokens appended, 2 drafts rejected.
-    request.append_output_token(7, "")
-    request.append_output_token(42, "")
-    scheduler.update_from_output(out, num_rejected=[2])
+    request.incremental_text = False  # no tokenizer here: text is decoded at the end
+    update = scheduler.update_from_output(out, [[7, 42]])
+    assert update.advanced == [request] and update.finished == []
+    assert request.output_token_ids[-2:] == [7, 42]
     assert request.num_computed_tokens == 6 == request.num_tokens - 1
     assert len(table_ids(scheduler, request)) == cdiv(6, 2)  # the rejected drafts' block went back
     scheduler.block_manager.block_pool.check_invariants()
@@ -499,7 +504,8 @@ def test_preemption_drops_the_drafts():
     for r in (old, new):
         scheduler.add_request(r)
     run_step(scheduler)
-    old.spec_token_ids, new.spec_token_ids = [5, 6, 7], [5, 6, 7]  # old needs a second block
-    out = scheduler.schedule()
-    assert new in out.preempted and new.spec_token_ids == [] and new.num_computed_tokens == 0
+    drafts = {"old": DraftTokens([5, 6, 7]), "new": DraftTokens([5, 6, 7])}  # old needs a second block
+    out = scheduler.schedule(drafts)
+    assert new in out.preempted and new.num_computed_tokens == 0
+    assert [s.request for s in out.scheduled] == [old]  # the preempted request's drafts go nowhere
     assert out.scheduled[0].spec_token_ids == [5, 6, 7]

@@ -7,22 +7,23 @@ once.  Every step is recorded in `engine.trace`.
 
     add_request ─> Scheduler.waiting ─┐
                                       ▼
-    step():   Scheduler.schedule()  ──>  ModelRunner.execute()  ──>  sampled tokens
-                 (BlockManager: slots,      (PagedAttention over          │
-                  prefix hits, preempt)      the PagedKVCache)            ▼
-              Scheduler.update_from_output()  <──  Request.append_decoded_token()  ──> outputs
+    step():  propose ──> Scheduler.schedule(drafts) ──> ModelRunner.execute() ──> sampled tokens
+             (drafts,      (BlockManager: slots,          (PagedAttention over         │
+              if any)       prefix hits, preempt)          the PagedKVCache)           ▼
+             release  <──  Scheduler.update_from_output(out, sampled): append, stop,  ──> outputs
+             (finished)     computed counts, rejected drafts rolled back
 
 With a `speculative_config`, each step first asks the draft (`spec_decode/proposer.py`) for up
-to K tokens per decoding request; the scheduler gives each such request 1 + k tokens, the one
-forward verifies them (`spec_decode/rejection_sampler.py`), a request may get several tokens
-in one step, and `update_from_output` rolls the rejected positions back (the draft's too).
+to K tokens per decoding request; the scheduler gives each such request 1 + k tokens and
+carries its draft (ids and probabilities) in the `ScheduledRequest`, the one forward verifies
+them (`spec_decode/rejection_sampler.py`), a request may get several tokens in one step, and
+`update_from_output` rolls the rejected positions back (the engine rolls back the draft's).
 """
 
 from __future__ import annotations
 
 import time
 
-import torch
 
 from ..attention.backends import get_attention_backend
 from ..inputs import InputProcessor, PromptType
@@ -38,10 +39,11 @@ from ..sampling_params import SamplingParams
 from ..spec_decode.metrics import SpecDecodingStats
 from ..spec_decode.ngram_proposer import NgramProposer
 from ..spec_decode.proposer import DraftModelProposer, load_draft_model, num_drafts_wanted
+from ..spec_decode.rejection_sampler import DraftTokens
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphRunner
 from .model_runner import ModelRunner
-from .scheduler import Scheduler, SchedulerOutput
+from .scheduler import Scheduler, SchedulerOutput, is_decoding
 from .trace import ScheduledChunk, StepCallback, StepRecord, StepTrace
 
 class LLMEngine:
@@ -189,8 +191,8 @@ class LLMEngine:
         """`step`, returning the `Request`s that got a token rather than snapshots of them
         (a snapshot copies the output ids: at 256 requests, a millisecond a step)."""
         start = time.perf_counter()
-        drafted, draft_probs = self._propose_drafts()
-        sched = self.scheduler.schedule()
+        drafts = self._propose_drafts()  # 1. propose
+        sched = self.scheduler.schedule(drafts)  # 2. schedule
         for request in sched.preempted:
             if self.proposer is not None:
                 self.proposer.free(request.request_id)  # recomputed from scratch when resumed
@@ -202,36 +204,23 @@ class LLMEngine:
         for s in sched.scheduled:
             if s.request.metrics.first_scheduled_time is None:
                 s.request.metrics.first_scheduled_time = now
-        results = self.runner.execute(sched.scheduled, draft_probs)
-
-        # Append each request's new tokens (one, or with speculation up to k + 1) until it ends.
-        advanced, num_rejected = [], []
+        results = self.runner.execute(sched.scheduled)  # 3. execute
+        update = self.scheduler.update_from_output(sched, results, self.tokenizer)  # 4. update
         for s, tokens in zip(sched.scheduled, results):
-            request = s.request
-            num_appended = 0
-            for token in tokens:
-                request.append_decoded_token(token, self.tokenizer)
-                num_appended += 1
-                if request.finished:
-                    break  # tokens after a stop are dropped, accepted or not
-            # Drafts not in the output now (rejected, or past a stop) are rolled back.
-            num_rejected.append(len(s.spec_token_ids) - max(num_appended - 1, 0))
-            if s.spec_token_ids:
-                self._observe_round(request, len(s.spec_token_ids), len(tokens) - 1)
-            if tokens:
-                advanced.append(request)
-        self.scheduler.update_from_output(sched, num_rejected)
+            if s.draft is not None:
+                self._observe_round(s.request, len(s.draft), len(tokens) - 1)
 
-        finished = []
-        for request in advanced:
-            if request.finished:
-                self._release(request)
-                self.requests.pop(request.request_id, None)
-                finished.append(request.request_id)
-        for request in drafted:
-            request.spec_token_ids = []
-            if self.proposer is not None and not request.finished and request.status is RequestStatus.RUNNING:
+        finished = []  # 5. release
+        for request in update.finished:
+            self._release(request)
+            self.requests.pop(request.request_id, None)
+            finished.append(request.request_id)
+        for request_id in drafts:
+            # The draft computed its own guesses: back to what the target kept.
+            request = self.requests.get(request_id)
+            if request is not None and request.status is RequestStatus.RUNNING:
                 self.proposer.rollback(request)
+        advanced = update.advanced
         self.num_steps += 1
         if self.config.record_trace:
             self._record(start, sched, results, finished)
@@ -239,23 +228,15 @@ class LLMEngine:
 
     # -- speculative decoding ---------------------------------------------------------------
 
-    def _propose_drafts(self) -> tuple[list[Request], dict[str, torch.Tensor]]:
-        """The draft's guesses for every running request that is decoding: stored in
-        `request.spec_token_ids` for the scheduler, the draft's probabilities returned."""
+    def _propose_drafts(self) -> dict[str, DraftTokens]:
+        """The draft's guesses (ids and probabilities) for every running request that is
+        decoding, by request id, for the scheduler to fit into the step's budget."""
         if self.proposer is None:
-            return [], {}
+            return {}
         k = self.config.speculative_config.num_speculative_tokens
-        decoding = [
-            r for r in self.scheduler.running
-            if r.num_computed_tokens == r.num_tokens - 1 and r.output_token_ids
-        ]
+        decoding = [r for r in self.scheduler.running if is_decoding(r)]
         proposals = self.proposer.propose(decoding, [num_drafts_wanted(r, k) for r in decoding])
-        draft_probs = {}
-        for request, proposal in zip(decoding, proposals):
-            request.spec_token_ids = proposal.token_ids
-            if proposal.probs is not None:
-                draft_probs[request.request_id] = proposal.probs
-        return decoding, draft_probs
+        return {request.request_id: proposal for request, proposal in zip(decoding, proposals)}
 
     def _observe_round(self, request: Request, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         metrics = request.metrics

@@ -1,6 +1,6 @@
 """One engine step on the model: flatten the scheduled tokens, run, sample.
 
-Contract: `ModelRunner.execute(scheduled, draft_probs)` computes keys/values for every
+Contract: `ModelRunner.execute(scheduled)` computes keys/values for every
 scheduled token into the paged cache and returns, per scheduled request, the tokens to append:
 one sampled token, none when the step only computed part of a prompt (a chunk), or, for a
 request verifying drafts (speculative decoding), the accepted drafts and one more token.
@@ -27,7 +27,7 @@ from ..kv_cache.chunks import Chunk, flatten_chunks
 from ..kv_cache.paged import PagedAttention, PagedKVCache
 from ..models import CausalLM
 from ..sampler import sample
-from ..spec_decode.rejection_sampler import DraftTokens, rejection_sample
+from ..spec_decode.rejection_sampler import rejection_sample
 from .cuda_graphs import DecodeGraphRunner
 from .scheduler import ScheduledRequest
 
@@ -59,18 +59,16 @@ class ModelRunner:
         return flatten_chunks(chunks, self.block_manager.block_size, self.model.device)
 
     @torch.inference_mode()
-    def execute(
-        self, scheduled: list[ScheduledRequest], draft_probs: dict[str, torch.Tensor] | None = None
-    ) -> list[list[int]]:
-        """`draft_probs[request_id]`: (k, V) the draft's distributions of a sampling request's
-        drafts (speculative decoding; greedy requests need none)."""
+    def execute(self, scheduled: list[ScheduledRequest]) -> list[list[int]]:
+        """A verifying request's `draft` carries its ids and, for a sampling request, the
+        draft's (k, V) distributions (speculative decoding; greedy requests need none)."""
         # Triton launches, and graph replays, go to the *current* CUDA device: make it the
         # model's (it may be cuda:1).
         device = self.model.device
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            return self._execute(scheduled, draft_probs or {})
+            return self._execute(scheduled)
 
-    def _execute(self, scheduled: list[ScheduledRequest], draft_probs: dict[str, torch.Tensor]) -> list[list[int]]:
+    def _execute(self, scheduled: list[ScheduledRequest]) -> list[list[int]]:
         input_ids, positions, meta = self.prepare(scheduled)
         graphs = self.decode_graphs
         if graphs is not None and graphs.can_run(len(input_ids), meta):
@@ -80,7 +78,7 @@ class ModelRunner:
             hidden = self.model(input_ids[None], positions[None], attn)[0]  # (N, hidden)
         results: list[list[int]] = [[] for _ in scheduled]
         # Only sequences whose every known token is now computed get a next token.
-        plain = [i for i, s in enumerate(scheduled) if s.completes_sequence and not s.spec_token_ids]
+        plain = [i for i, s in enumerate(scheduled) if s.samples_token and s.draft is None]
         if plain:
             last_token_rows = meta.query_start_loc[1:][plain] - 1
             logits = self.model.compute_logits(hidden[last_token_rows])  # (num_plain, V)
@@ -88,12 +86,12 @@ class ModelRunner:
             tokens = sample(logits, [r.sampling_params for r in requests], [r.generator for r in requests])
             for i, token in zip(plain, tokens.tolist()):
                 results[i] = [token]
-        verifying = [i for i, s in enumerate(scheduled) if s.spec_token_ids]
+        verifying = [i for i, s in enumerate(scheduled) if s.draft is not None]
         if verifying:
-            self._verify(scheduled, verifying, hidden, meta, draft_probs, results)
+            self._verify(scheduled, verifying, hidden, meta, results)
         return results
 
-    def _verify(self, scheduled, verifying, hidden, meta, draft_probs, results) -> None:
+    def _verify(self, scheduled, verifying, hidden, meta, results) -> None:
         """Speculative decoding: logits at the last k + 1 rows of each verifying request (its
         last token and its k drafts), all in one matmul, then the rejection sampler per request."""
         ends = meta.query_start_loc[1:][verifying].tolist()
@@ -102,10 +100,8 @@ class ModelRunner:
         offset = 0
         for i in verifying:
             s = scheduled[i]
-            k = len(s.spec_token_ids)
-            probs = draft_probs.get(s.request.request_id)
-            draft = DraftTokens(s.spec_token_ids, None if probs is None else probs[:k])
+            k = len(s.draft)
             results[i] = rejection_sample(
-                draft, logits[offset : offset + k + 1], s.request.sampling_params, s.request.generator
+                s.draft, logits[offset : offset + k + 1], s.request.sampling_params, s.request.generator
             )
             offset += k + 1

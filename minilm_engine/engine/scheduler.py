@@ -13,8 +13,15 @@ all requests draw on the same budget (vLLM v1's scheduler):
        (so nothing is lost and the oldest requests always make progress);
     3. then waiting requests, oldest first, reusing cached prefix blocks where they can.
 
-`update_from_output()` records what the step computed; the engine appends sampled tokens and
-calls `finish()` for requests that are done.
+Data flows one way through an engine step, and the scheduler owns both ends of it:
+
+    drafts (spec_decode) ──> schedule(drafts) ──> SchedulerOutput ──> ModelRunner.execute
+                                                                           │ tokens per request
+    release (engine: finish(), the draft's blocks) <── update_from_output(out, sampled) <┘
+
+`update_from_output()` appends each request's sampled tokens (stopping at a stop), sets its
+computed-token count (rolling rejected drafts back) and returns the requests that advanced and
+those that finished; the engine then calls `finish()` for the finished ones.
 """
 
 from __future__ import annotations
@@ -22,8 +29,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from collections.abc import Mapping
+
 from ..kv_cache.block_manager import BlockManager
 from ..request import Request, RequestStatus
+from ..spec_decode.rejection_sampler import DraftTokens
 from .config import EngineConfig
 
 
@@ -42,34 +52,52 @@ class ScheduledRequest:
     # Decode = computing the one token sampled last step; anything else fills the cache
     # (a prompt, a chunk of one, or a preempted request's recompute).
     is_prefill: bool
-    # After this step every known token is computed, so the step samples a new token.
-    completes_sequence: bool
-    # Speculative decoding: the drafts verified this step, after the request's last token
-    # (num_new_tokens counts them: 1 + len(spec_token_ids) for a speculating decode).
-    spec_token_ids: list[int] = field(default_factory=list)
+    # After this step every known token is computed, so the step samples a new token (a
+    # chunk of a prompt does not).
+    samples_token: bool
+    # Speculative decoding: the drafts verified this step after the request's last token, ids
+    # and the draft's probabilities together (num_new_tokens counts them: 1 + k).
+    draft: DraftTokens | None = None
+
+    @property
+    def spec_token_ids(self) -> list[int]:
+        """The draft's token ids verified this step ([] without speculation)."""
+        return [] if self.draft is None else self.draft.token_ids
 
 
-def schedule_request(request: Request, num_new_tokens: int, num_cached_tokens: int = 0) -> ScheduledRequest:
+def is_decoding(request: Request) -> bool:
+    """Every token but the one sampled last is in the cache: the next step is a decode."""
+    return request.num_computed_tokens == request.num_tokens - 1 and len(request.output_token_ids) > 0
+
+
+def schedule_request(
+    request: Request, num_new_tokens: int, num_cached_tokens: int = 0, draft: DraftTokens | None = None
+) -> ScheduledRequest:
     """Decide what computing `num_new_tokens` of `request` is, from where it stands now.
 
-    Tokens past the request's own are its drafts (speculative decoding): as many of
-    `request.spec_token_ids` as fit.
+    Tokens past the request's own are its drafts (speculative decoding): as many of `draft`'s
+    as fit.
     """
     num_computed, num_tokens = request.num_computed_tokens, request.num_tokens
     num_spec = max(0, num_computed + num_new_tokens - num_tokens)
-    spec_token_ids = request.spec_token_ids[:num_spec]
-    is_decode = (
-        num_new_tokens == 1 + num_spec and num_computed == num_tokens - 1 and len(request.output_token_ids) > 0
-    )
+    verified = draft.truncate(num_spec) if draft is not None and num_spec > 0 else None
     return ScheduledRequest(
         request,
         num_computed,
         num_new_tokens,
         num_cached_tokens,
-        is_prefill=not is_decode,
-        completes_sequence=num_computed + num_new_tokens == num_tokens + num_spec,
-        spec_token_ids=spec_token_ids,
+        is_prefill=not (num_new_tokens == 1 + num_spec and is_decoding(request)),
+        samples_token=num_computed + num_new_tokens == num_tokens + num_spec,
+        draft=verified,
     )
+
+
+@dataclass
+class StepUpdate:
+    """What `update_from_output` did with one step's tokens."""
+
+    advanced: list[Request] = field(default_factory=list)  # got at least one token, in step order
+    finished: list[Request] = field(default_factory=list)  # of which now finished (to release)
 
 
 @dataclass
@@ -110,7 +138,9 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: Mapping[str, DraftTokens] | None = None) -> SchedulerOutput:
+        """`drafts[request_id]`: what the draft proposed for a decoding running request."""
+        drafts = drafts or {}
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
 
@@ -119,8 +149,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_computed = request.num_computed_tokens
+            draft = drafts.get(request.request_id)
             num_new = self._num_tokens_to_compute(
-                request.num_tokens, num_computed, budget, len(request.spec_token_ids)
+                request.num_tokens, num_computed, budget, len(draft) if draft is not None else 0
             )
             if num_new == 0:
                 i += 1
@@ -128,7 +159,7 @@ class Scheduler:
             # 2. Make room: preempt from the back (newest) until this request fits.
             while True:
                 if self.block_manager.allocate_slots(request.request_id, num_computed, num_new):
-                    out.scheduled.append(schedule_request(request, num_new))
+                    out.scheduled.append(schedule_request(request, num_new, draft=draft))
                     budget -= num_new
                     i += 1
                     break
@@ -175,24 +206,41 @@ class Scheduler:
         self.num_preemptions += 1
         self.block_manager.free(request.request_id)
         request.num_computed_tokens = 0
-        request.spec_token_ids = []  # drafts of a request that does not run now are stale
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
 
-    def update_from_output(self, out: SchedulerOutput, num_rejected: list[int] | None = None) -> None:
-        """The step ran: its tokens' keys/values are in the cache; full blocks join the cache.
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: list[list[int]] | None = None, tokenizer=None
+    ) -> StepUpdate:
+        """The step ran: append its tokens, and its keys/values are in the cache.
 
-        `num_rejected[i]`: drafts of scheduled request i the target turned down (speculative
-        decoding; call this after appending the accepted tokens).  Their keys/values are
-        garbage: the computed count falls back before them, and blocks past it are freed.
+        `sampled[i]`: the tokens scheduled request i got (none for a prompt chunk; one; or, with
+        drafts, the accepted ones and one more).  They are appended in order until the request
+        finishes (tokens after a stop are dropped, accepted or not).  Drafts not appended were
+        computed for nothing: the computed count falls back before them and blocks past it are
+        freed.  Then full blocks join the prefix cache.  `sampled=None`: no tokens this step
+        (tests of the scheduler alone append their own).
         """
+        update = StepUpdate()
         for i, s in enumerate(out.scheduled):
             r = s.request
-            rejected = num_rejected[i] if num_rejected is not None else 0
+            tokens = sampled[i] if sampled is not None else []
+            num_appended = 0
+            for token in tokens:
+                r.append_decoded_token(token, tokenizer)
+                num_appended += 1
+                if r.finished:
+                    break
+            rejected = len(s.spec_token_ids) - max(num_appended - 1, 0) if tokens else 0
             r.num_computed_tokens += s.num_new_tokens - rejected
             self.block_manager.commit(r.request_id, r.all_token_ids, r.num_computed_tokens)
             if rejected:
                 self.block_manager.trim(r.request_id, r.num_computed_tokens)
+            if tokens:
+                update.advanced.append(r)
+                if r.finished:
+                    update.finished.append(r)
+        return update
 
     def finish(self, request: Request) -> None:
         """Remove a finished or aborted request and free its blocks (now, not later)."""

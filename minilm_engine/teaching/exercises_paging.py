@@ -141,7 +141,7 @@ def engine_prefill_chunks(
         out = scheduler.schedule()
         scheduler.update_from_output(out)
         for s in out.scheduled:
-            if s.completes_sequence:  # sampled a token
+            if s.samples_token:
                 s.request.append_output_token(0, "")
         return {s.request.request_id: s.num_new_tokens for s in out.scheduled}
 
