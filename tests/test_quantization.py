@@ -105,7 +105,7 @@ def test_cpu_kernel_equals_reference_layer(config, shape):
     kernel = make_kernel("cpu")
     kernel.prepare(fast)
     fast.kernel = kernel
-    for x in (torch.randn(1, K), torch.randn(2, 1, K), torch.randn(3, 7, K)):  # operator, then BLAS
+    for x in (torch.randn(1, K), torch.randn(2, 1, K), torch.randn(3, 7, K), torch.randn(3, 30, K)):  # operator, then BLAS
         torch.testing.assert_close(fast(x), reference(x), rtol=1e-5, atol=1e-5)
     x = torch.randn(3, 7, K)
     expected = reference(x)
@@ -201,7 +201,8 @@ def test_cpu_kernel_many_rows_in_tiles_equal_the_reference(config, monkeypatch):
     kernel = make_kernel("cpu")
     kernel.prepare(fast)
     fast.kernel = kernel
-    for M in (1, cpu.CPU_OP_MAX_ROWS, cpu.CPU_OP_MAX_ROWS + 1, 40):
+    most = cpu.CPU_OP_MAX_ROWS[config.scheme]
+    for M in (1, most, most + 1, most + 40):
         x = torch.randn(M, 320)
         torch.testing.assert_close(fast(x), reference(x), rtol=1e-5, atol=1e-5)
     assert kernel._scratch.numel() <= 64 * 320
@@ -222,7 +223,7 @@ def test_cpu_kernel_on_an_unknown_int4_packing_still_equals_the_reference(monkey
         kernel.prepare(fast)
     fast.kernel = kernel
     assert fast.cpu_block_n is None and not hasattr(fast, "qweight")
-    for M in (1, 30):
+    for M in (1, cpu.CPU_OP_MAX_ROWS["int4"] + 1):
         x = torch.randn(M, 64)
         torch.testing.assert_close(fast(x), reference(x), rtol=1e-5, atol=1e-5)
 

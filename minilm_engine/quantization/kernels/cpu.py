@@ -4,14 +4,19 @@ reused scratch buffer for many rows.
 Contract: `CPUKernel.linear(layer, x)` equals the reference up to float rounding, on every CPU
 torch runs on, with one copy of each weight in memory.
 
-    rows of x      what runs                                          why
-    <= 8           aten._weight_int8pack_mm / _weight_int4pack_mm_for_cpu   they read int8 / packed
-                   (decode of a few requests)                        int4 straight from memory and
-                                                                     dequantize in registers
-    > 8            dequantize into one scratch buffer the kernel     the operators' cost grows with
-                   reuses (no allocation per call), one BLAS matmul  every row (~0.04 ms a row for a
-                   (batched decode, prefill, perplexity runs)        3072 x 1024 layer on AVX-512),
-                                                                     BLAS's barely does
+    rows of x           what runs                                     why
+    int8 <= 8,          aten._weight_int8pack_mm /                    they read int8 / packed int4
+    int4 <= 64          _weight_int4pack_mm_for_cpu                   straight from memory and
+                        (decode of a few or a few dozen requests)     dequantize in registers
+    more                dequantize into one scratch buffer the        the operators' cost grows with
+                        kernel reuses (no allocation per call), one   every row (~0.04 ms a row for a
+                        BLAS matmul (prefill, perplexity runs)        3072 x 1024 layer, on AVX-512),
+                                                                      BLAS's barely does
+
+    The crossovers, measured on a 2-core AVX-512 CPU with bf16 activations (3072 x 1024 layer):
+    int8 codes convert to floats in one cheap pass (~0.25 ms), so BLAS wins from ~10 rows; int4
+    codes must be unpacked from the operator's tiles and scaled per group (~2.3 ms), so the
+    operator wins up to ~80 rows.  Outputs agree either way (up to float rounding).
 
     int8: _weight_int8pack_mm(x (M, K), qweight (N, K) int8, scales (N,)) reads our canonical
           layout as it is; many rows: y = (x @ codes.T) * scales, the per-channel scale applied
@@ -37,7 +42,7 @@ import torch.nn.functional as F
 
 from .. import schemes
 
-CPU_OP_MAX_ROWS = 8  # up to this many rows of x, the operators; beyond, scratch buffer + BLAS
+CPU_OP_MAX_ROWS = {"int8": 8, "int4": 64}  # up to this many rows of x, the operators; beyond, BLAS
 INT4_ROW_PAD = 64  # N is padded to a multiple of this: whole tiles for BLOCK_N 32 and 64
 INT4_BLOCK_NS = (32, 64)  # the packings torch's CPU operator is known to use (AVX2, AVX-512)
 SCRATCH_MAX_ELEMENTS = 1 << 22  # the scratch holds at most 4 Mi weights: bigger layers go in row tiles
@@ -115,7 +120,7 @@ class CPUKernel:
             warnings.warn(
                 "torch's int4 CPU packing on this machine is not one this kernel knows "
                 f"(tiles of {INT4_BLOCK_NS} rows); decode keeps the fast operator, but inputs of "
-                f"more than {CPU_OP_MAX_ROWS} rows dequantize slowly through it",
+                f"more than {CPU_OP_MAX_ROWS['int4']} rows dequantize slowly through it",
                 stacklevel=2,
             )
         layer.register_buffer("cpu_qweight", packed, persistent=False)
@@ -172,7 +177,7 @@ class CPUKernel:
         """x: (..., K) -> (..., N)."""
         lead, K = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, K).contiguous()  # (M, K): the operators take a matrix
-        if x2.shape[0] > CPU_OP_MAX_ROWS:
+        if x2.shape[0] > CPU_OP_MAX_ROWS[layer.scheme]:
             y = self._many_rows(layer, x2)
         elif layer.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, layer.qweight, layer.scales)
