@@ -77,26 +77,30 @@ class ModelRunner:
             attn = PagedAttention(self.cache, meta, self.attention_backend)
             hidden = self.model(input_ids[None], positions[None], attn)[0]  # (N, hidden)
         results: list[list[int]] = [[] for _ in scheduled]
-        # Only sequences whose every known token is now computed get a next token.
+        # Only sequences whose every known token is now computed get a next token: a plain one
+        # from the logits at its last row, a verifying one from the rows of its last token and
+        # its k drafts.  All of them go through the LM head in one matmul.
         plain = [i for i, s in enumerate(scheduled) if s.samples_token and s.draft is None]
+        verifying = [i for i, s in enumerate(scheduled) if s.draft is not None]
+        if not plain and not verifying:
+            return results
+        ends = meta.query_start_loc[1:].tolist()
+        rows = [ends[i] - 1 for i in plain]
+        rows += [row for i in verifying for row in range(ends[i] - 1 - len(scheduled[i].draft), ends[i])]
+        logits = self.model.compute_logits(hidden[rows])  # (num_plain + sum of k + 1, V)
         if plain:
-            last_token_rows = meta.query_start_loc[1:][plain] - 1
-            logits = self.model.compute_logits(hidden[last_token_rows])  # (num_plain, V)
             requests = [scheduled[i].request for i in plain]
-            tokens = sample(logits, [r.sampling_params for r in requests], [r.generator for r in requests])
+            tokens = sample(logits[: len(plain)], [r.sampling_params for r in requests], [r.generator for r in requests])
             for i, token in zip(plain, tokens.tolist()):
                 results[i] = [token]
-        verifying = [i for i, s in enumerate(scheduled) if s.draft is not None]
         if verifying:
-            self._verify(scheduled, verifying, hidden, meta, results)
+            self._verify(scheduled, verifying, logits[len(plain) :], results)
         return results
 
-    def _verify(self, scheduled, verifying, hidden, meta, results) -> None:
-        """Speculative decoding: logits at the last k + 1 rows of each verifying request (its
-        last token and its k drafts), all in one matmul, then the rejection sampler per request."""
-        ends = meta.query_start_loc[1:][verifying].tolist()
-        rows = [row for i, end in zip(verifying, ends) for row in range(end - 1 - len(scheduled[i].spec_token_ids), end)]
-        logits = self.model.compute_logits(hidden[rows])  # (sum of k + 1, V)
+    def _verify(self, scheduled, verifying, logits, results) -> None:
+        """Speculative decoding: `logits` (sum of k + 1, V) at the last k + 1 rows of each
+        verifying request (its last token and its k drafts), then the rejection sampler per
+        request."""
         offset = 0
         for i in verifying:
             s = scheduled[i]
