@@ -56,6 +56,9 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose keys/values are in the cache (paged engine)
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
     detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer, repr=False)
+    # Prefix caching: block size -> chained hashes of this request's first full blocks, computed
+    # once (`BlockManager.get_computed_blocks` extends the list) and shared by the draft's pool.
+    block_hashes: dict[int, list[int]] = field(default_factory=dict, repr=False)
     # True: output_text follows every token (streaming).  False: decoded once when the request
     # ends (`LLM.generate`, which returns only finished outputs), unless stop strings need it.
     incremental_text: bool = True

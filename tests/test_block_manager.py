@@ -435,3 +435,25 @@ def test_trim_frees_the_tail_blocks_once_and_never_committed_ones():
         manager.trim("a", 3)
     manager.free("a")
     assert manager.num_free_blocks == 8
+
+
+def test_a_caller_kept_hash_list_hashes_each_block_once(monkeypatch):
+    """A request waiting many steps looks its prefix up every step: with its hash list kept,
+    each block is hashed once, and the answer is the one a fresh lookup gives."""
+    from minilm_engine.kv_cache import block_manager as bm
+
+    manager = make_manager(num_blocks=8)
+    prompt = list(range(13))
+    run_prefill(manager, "a", prompt)
+    calls = []
+    real = bm.hash_block_tokens
+    monkeypatch.setattr(bm, "hash_block_tokens", lambda parent, tokens: calls.append(1) or real(parent, tokens))
+    kept: list[int] = []
+    first = manager.get_computed_blocks(prompt + [99], kept)
+    assert len(calls) == 3 and len(kept) == 3
+    for _ in range(5):
+        assert manager.get_computed_blocks(prompt + [99], kept) == first
+    assert len(calls) == 3  # nothing hashed again
+    longer = prompt + [99, 98, 97, 96]  # the request grew by a block: one more hash
+    assert manager.get_computed_blocks(longer, kept) == manager.get_computed_blocks(longer)
+    assert len(kept) == 4

@@ -174,7 +174,9 @@ class Scheduler:
             if out.preempted:
                 break  # memory is short this step: admitting more would only thrash
             request = self.waiting[0]
-            computed_blocks, num_cached = self.block_manager.get_computed_blocks(request.all_token_ids)
+            computed_blocks, num_cached = self.block_manager.get_computed_blocks(
+                request.all_token_ids, request.block_hashes.setdefault(self.block_manager.block_size, [])
+            )
             num_new = self._num_tokens_to_compute(request.num_tokens, num_cached, budget)
             if num_new == 0 or not self.block_manager.allocate_slots(
                 request.request_id, num_cached, num_new, computed_blocks

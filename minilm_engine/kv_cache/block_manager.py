@@ -85,22 +85,30 @@ class BlockManager:
         return [block.block_id for block in self._table(request_id)]
 
     # ------------------------------------------------------------------ prefix cache
-    def get_computed_blocks(self, token_ids: Sequence[int]) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(
+        self, token_ids: Sequence[int], block_hashes: list[int] | None = None
+    ) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of full blocks: (blocks, number of tokens they hold).
 
         Never covers the whole prompt: the model must run on at least one token to produce the
         logits of the next one, so at most (len(token_ids) - 1) // block_size blocks are hit.
         Ref counts are not changed; `allocate_slots` takes the references.
+
+        `block_hashes`: the caller's list of the chained hashes of `token_ids`' first blocks
+        (of this block size), extended here as needed and kept by the caller: a request that
+        waits many steps, or asks two pools of one block size, hashes each block once.  Tokens
+        are only ever appended to a request, so a hash once computed stays right.
         """
         if not self.enable_prefix_caching:
             return [], 0
         max_num_blocks = (len(token_ids) - 1) // self.block_size
-        computed_blocks: list[KVCacheBlock] = []
-        parent_hash = None
-        for i in range(max_num_blocks):
+        hashes = block_hashes if block_hashes is not None else []
+        for i in range(len(hashes), max_num_blocks):
             block_tokens = token_ids[i * self.block_size : (i + 1) * self.block_size]
-            parent_hash = hash_block_tokens(parent_hash, block_tokens)
-            block = self.block_pool.get_cached_block(parent_hash)
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, block_tokens))
+        computed_blocks: list[KVCacheBlock] = []
+        for block_hash in hashes[:max_num_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
             if block is None:
                 # The chain is broken here; a later hash cannot match (it folds this one in).
                 break

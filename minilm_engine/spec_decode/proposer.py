@@ -154,7 +154,9 @@ class DraftModelProposer:
         rid, manager = request.request_id, self.block_manager
         if rid not in self.num_computed_tokens:
             # First round, or the first since a preemption: reuse the draft's own prefix cache.
-            blocks, num_cached = manager.get_computed_blocks(request.all_token_ids)
+            blocks, num_cached = manager.get_computed_blocks(
+                request.all_token_ids, request.block_hashes.setdefault(manager.block_size, [])
+            )
             if not manager.allocate_slots(rid, num_cached, request.num_tokens - num_cached, blocks):
                 return None
             self.num_computed_tokens[rid] = num_cached
