@@ -6,14 +6,17 @@ torch runs on, with one copy of each weight in memory.
 
     rows of x           what runs                                     why
     int8 <= 8,          aten._weight_int8pack_mm /                    they read int8 / packed int4
-    int4 <= 64          _weight_int4pack_mm_for_cpu                   straight from memory and
-                        (decode of a few or a few dozen requests)     dequantize in registers
+    int4 <= 64,         _weight_int4pack_mm_for_cpu                   straight from memory and
+    bf16 activations    (decode of a few or a few dozen requests)     dequantize in registers
     more                dequantize into one scratch buffer the        the operators' cost grows with
                         kernel reuses (no allocation per call), one   every row (~0.04 ms a row for a
                         BLAS matmul (prefill, perplexity runs)        3072 x 1024 layer, on AVX-512),
                                                                       BLAS's barely does
 
-    The crossovers, measured on a 2-core AVX-512 CPU with bf16 activations (3072 x 1024 layer):
+    With fp32 activations (the CPU default) the operators are not vectorized: at one row of a
+    3072 x 1024 layer, 1.0 ms (int8) and 2.6 ms (int4) against 0.56 ms for the scratch path, so
+    fp32 always takes the scratch path.  The crossovers for bf16, measured on a 2-core AVX-512
+    CPU (3072 x 1024 layer):
     int8 codes convert to floats in one cheap pass (~0.25 ms), so BLAS wins from ~10 rows; int4
     codes must be unpacked from the operator's tiles and scaled per group (~2.3 ms), so the
     operator wins up to ~80 rows.  Outputs agree either way (up to float rounding).
@@ -43,6 +46,7 @@ import torch.nn.functional as F
 from .. import schemes
 
 CPU_OP_MAX_ROWS = {"int8": 8, "int4": 64}  # up to this many rows of x, the operators; beyond, BLAS
+OPERATOR_DTYPES = (torch.bfloat16,)  # activations the operators are fast for (others: BLAS always)
 INT4_ROW_PAD = 64  # N is padded to a multiple of this: whole tiles for BLOCK_N 32 and 64
 INT4_BLOCK_NS = (32, 64)  # the packings torch's CPU operator is known to use (AVX2, AVX-512)
 SCRATCH_MAX_ELEMENTS = 1 << 22  # the scratch holds at most 4 Mi weights: bigger layers go in row tiles
@@ -177,7 +181,7 @@ class CPUKernel:
         """x: (..., K) -> (..., N)."""
         lead, K = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, K).contiguous()  # (M, K): the operators take a matrix
-        if x2.shape[0] > CPU_OP_MAX_ROWS[layer.scheme]:
+        if x2.shape[0] > CPU_OP_MAX_ROWS[layer.scheme] or x2.dtype not in OPERATOR_DTYPES:
             y = self._many_rows(layer, x2)
         elif layer.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, layer.qweight, layer.scales)
