@@ -85,3 +85,11 @@ def test_spec_decode_benchmark_reports_speedups_and_the_formula(tmp_path):
     assert [(r["batch_size"], r["K"]) for r in data["batch1"]] == [(1, 0), (1, 1), (1, 4)]
     assert [(r["batch_size"], r["K"]) for r in data["batches"]] == [(4, 0), (4, data["best_k"])]
     assert all(r["measured_tokens_per_round"] > 1 and r["formula_tokens_per_round"] > 1 for r in data["tokens_per_forward"])
+
+
+def test_step_cost_benchmark_reports_every_size(tmp_path):
+    run([sys.executable, "step_cost.py", "--sizes", "4,8", "--steps", "3", "--repeats", "1",
+         "--json", str(tmp_path / "s.json")], ROOT / "benchmarks")
+    sizes = json.loads((tmp_path / "s.json").read_text())["sizes"]
+    assert list(sizes) == ["4", "8"]
+    assert all(s["min_ms"] <= s["median_ms"] <= s["max_ms"] and s["per_request_us"] > 0 for s in sizes.values())

@@ -84,9 +84,11 @@ class ModelRunner:
         verifying = [i for i, s in enumerate(scheduled) if s.draft is not None]
         if not plain and not verifying:
             return results
-        ends = meta.query_start_loc[1:].tolist()
-        rows = [ends[i] - 1 for i in plain]
-        rows += [row for i in verifying for row in range(ends[i] - 1 - len(scheduled[i].draft), ends[i])]
+        rows = meta.query_start_loc[1:][plain] - 1  # (num_plain,) each plain request's last row
+        if verifying:
+            ends = meta.query_start_loc[1:][verifying].tolist()
+            spans = [r for i, end in zip(verifying, ends) for r in range(end - 1 - len(scheduled[i].draft), end)]
+            rows = torch.cat([rows, torch.tensor(spans, device=rows.device)])
         logits = self.model.compute_logits(hidden[rows])  # (num_plain + sum of k + 1, V)
         if plain:
             requests = [scheduled[i].request for i in plain]

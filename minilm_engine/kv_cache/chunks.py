@@ -25,7 +25,7 @@ from ..attention.paged import PagedAttentionMetadata
 from .block_table import slot_mapping
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per request per step: slots make it as cheap as a tuple to build
 class Chunk:
     """One sequence's tokens in a step.  Invariant: `block_table` covers positions
     [start, start + len(token_ids)) (the scheduler allocated those slots)."""
@@ -33,7 +33,7 @@ class Chunk:
     request_id: str
     token_ids: list[int]
     start: int  # position of token_ids[0]
-    block_table: Sequence[int]
+    block_table: list[int]
 
     @property
     def end(self) -> int:
@@ -49,11 +49,14 @@ def flatten_chunks(
     positions: list[int] = []
     slots: list[int] = []
     query_start_loc = [0]
+    context_lens: list[int] = []
     for chunk in chunks:
+        end = chunk.start + len(chunk.token_ids)
         input_ids += chunk.token_ids
-        positions += range(chunk.start, chunk.end)
-        slots += slot_mapping(chunk.block_table, block_size, chunk.start, chunk.end)
+        positions += range(chunk.start, end)
+        slots += slot_mapping(chunk.block_table, block_size, chunk.start, end)
         query_start_loc.append(len(input_ids))
+        context_lens.append(end)
     width = max(len(c.block_table) for c in chunks)
 
     def as_tensor(values) -> torch.Tensor:
@@ -62,11 +65,11 @@ def flatten_chunks(
     meta = PagedAttentionMetadata(
         slot_mapping=as_tensor(slots),
         query_start_loc=as_tensor(query_start_loc),
-        context_lens=as_tensor([c.end for c in chunks]),
+        context_lens=as_tensor(context_lens),
         # Through numpy: a list of lists converts to an array ~4x faster than to a tensor,
         # and at 256 sequences of long contexts this table is most of what a step copies.
         block_tables=torch.from_numpy(
-            np.array([list(c.block_table) + [0] * (width - len(c.block_table)) for c in chunks], dtype=np.int64)
+            np.array([c.block_table + [0] * (width - len(c.block_table)) for c in chunks], dtype=np.int64)
         ).to(device),
         max_query_len=max(len(c.token_ids) for c in chunks),
     )
