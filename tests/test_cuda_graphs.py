@@ -19,7 +19,8 @@ from minilm_engine import LLM, SamplingParams
 from minilm_engine.engine.config import EngineConfig
 from minilm_engine.engine.cuda_graphs import DecodeGraphRunner, capture_sizes
 from minilm_engine.attention.paged import PagedAttentionMetadata
-from minilm_engine.kv_cache.paged import PagedAttention, PagedKVCache
+from minilm_engine.attention.context import PagedAttention
+from minilm_engine.kv_cache.paged import PagedKVCache
 from minilm_engine.models.loader import load_model
 
 HAS_CUDA = torch.cuda.is_available()

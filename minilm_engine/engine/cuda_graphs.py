@@ -42,7 +42,8 @@ import torch
 from ..attention.backends import AttentionBackend
 from ..attention.paged import PagedAttentionMetadata
 from ..kv_cache.block_table import slot_mapping
-from ..kv_cache.paged import PagedAttention, PagedKVCache
+from ..attention.context import PagedAttention
+from ..kv_cache.paged import PagedKVCache
 from ..models import CausalLM
 
 

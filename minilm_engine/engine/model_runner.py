@@ -24,7 +24,8 @@ from ..attention.backends import AttentionBackend
 from ..attention.paged import PagedAttentionMetadata
 from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.chunks import Chunk, flatten_chunks
-from ..kv_cache.paged import PagedAttention, PagedKVCache
+from ..attention.context import PagedAttention
+from ..kv_cache.paged import PagedKVCache
 from ..models import CausalLM
 from ..sampler import sample
 from ..spec_decode.rejection_sampler import rejection_sample

@@ -33,7 +33,8 @@ from ..attention.backends import AttentionBackend
 from ..kv_cache.chunks import Chunk, flatten_chunks
 from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool
-from ..kv_cache.paged import PagedAttention, PagedKVCache
+from ..attention.context import PagedAttention
+from ..kv_cache.paged import PagedKVCache
 from ..models import CausalLM, load_model, resolve_model_path
 from ..request import Request
 from ..sampler import sampling_probs
