@@ -1,7 +1,7 @@
 """`minilm-engine generate "prompt"`: stream a completion to the terminal and report tokens/s.
 
 `minilm-engine quantize MODEL OUT --quantization int4`: write a quantized checkpoint.
-Also `minilm-engine serve` (entrypoints/cli.py) and `minilm-engine bench serve` (bench/serve.py).
+Also `minilm-engine serve` (entrypoints/cli.py) and `minilm-engine bench serve` (bench/cli.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tokens the draft proposes per step (with --speculative-model; 0 = off)")
     add_quantize_parser(sub)
     # Serving: each subcommand sets `run`, which main() calls.
-    from .bench.serve import add_bench_parser
+    from .bench.cli import add_bench_parser
     from .entrypoints.cli import add_serve_parser
 
     add_serve_parser(sub)

@@ -3,7 +3,8 @@
 Contract: `RequestResult` holds what the client saw of one request (when it was sent, when each
 streamed chunk arrived, how many tokens); `summarize(results, duration_s, slo)` turns a list of
 them into `BenchmarkMetrics`: request and token throughput, TTFT / TPOT / ITL / E2E mean,
-median, P90 and P99 (milliseconds), and goodput, the rate of requests that met every SLO.
+median, standard deviation, P90, P99 and any other percentiles asked (milliseconds), goodput (the
+rate of requests that met every SLO), and the peak output throughput over one-second buckets.
 Definitions follow `vllm bench serve`:
 
     TTFT  first chunk - sent                       (queueing + prefill, as the user sees it)
@@ -11,6 +12,8 @@ Definitions follow `vllm bench serve`:
     TPOT  (E2E - TTFT) / (output tokens - 1)        (per request, then summarized)
     E2E   last chunk - sent
     goodput = requests meeting all SLOs / duration  (an SLO is a bound on TTFT, TPOT or E2E)
+    peak    = most chunks arriving within one second (bucketed from the first request sent),
+              and the most requests in flight during any one second
 
 Percentiles are numpy's default (linear interpolation between order statistics).
 """
@@ -22,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 SLO_METRICS = ("ttft", "tpot", "e2el")  # what --goodput may bound, in milliseconds
-PERCENTILES = (50, 90, 99)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")  # vLLM's names, as in mean_ttft_ms
 
 
 @dataclass
@@ -36,6 +39,7 @@ class RequestResult:
     num_output_tokens: int = 0
     generated_text: str = ""
     error: str = ""
+    http_status: int | None = None  # None: no answer at all (unreachable, timed out)
 
     @property
     def ttft(self) -> float | None:
@@ -59,20 +63,24 @@ class RequestResult:
 
 @dataclass
 class Summary:
-    """mean / median / P90 / P99 of one latency, in milliseconds (None without samples)."""
+    """mean / median / P90 / P99 of one latency, in milliseconds (None without samples), its
+    standard deviation, and `percentiles`: {p: value} for the percentiles a report asked for."""
 
     mean: float | None
     median: float | None
     p90: float | None
     p99: float | None
+    std: float | None = None
+    percentiles: dict[float, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, seconds: list[float]) -> Summary:
+    def of(cls, seconds: list[float], percentiles: tuple[float, ...] = (90, 99)) -> Summary:
         if not seconds:
             return cls(None, None, None, None)
         ms = np.asarray(seconds, dtype=float) * 1000
-        p50, p90, p99 = (float(v) for v in np.percentile(ms, PERCENTILES))
-        return cls(float(ms.mean()), p50, p90, p99)
+        p50, p90, p99 = (float(v) for v in np.percentile(ms, (50, 90, 99)))
+        asked = {float(p): float(np.percentile(ms, p)) for p in percentiles}
+        return cls(float(ms.mean()), p50, p90, p99, float(ms.std()), asked)
 
 
 @dataclass
@@ -90,9 +98,15 @@ class BenchmarkMetrics:
     tpot_ms: Summary
     itl_ms: Summary
     e2el_ms: Summary
+    max_output_tokens_per_s: float = 0.0  # the busiest second's chunks (tokens, for most servers)
+    max_concurrent_requests: int = 0  # requests in flight during the busiest second
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def latency(self, name: str) -> Summary:
+        """The summary of one of LATENCY_METRICS ("ttft" -> ttft_ms)."""
+        return getattr(self, f"{name}_ms")
 
 
 def parse_slo(items: list[str] | None) -> dict[str, float]:
@@ -124,7 +138,46 @@ def meets_slo(result: RequestResult, slo: dict[str, float]) -> bool:
     return True
 
 
-def summarize(results: list[RequestResult], duration_s: float, slo: dict[str, float] | None = None) -> BenchmarkMetrics:
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    """"90,99,99.9" -> (90.0, 99.0, 99.9); raises ValueError unless each is in (0, 100]."""
+    try:
+        values = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        raise ValueError(f"percentiles are comma-separated numbers, e.g. 90,99; got {text!r}") from None
+    if not all(0 < p <= 100 for p in values):
+        raise ValueError(f"percentiles must be in (0, 100], got {text!r}")
+    return values
+
+
+def parse_metric_names(text: str) -> tuple[str, ...]:
+    """"ttft,tpot,itl" -> ("ttft", "tpot", "itl"); raises ValueError for a name not in LATENCY_METRICS."""
+    names = tuple(name.strip() for name in text.split(","))
+    unknown = [name for name in names if name not in LATENCY_METRICS]
+    if unknown:
+        raise ValueError(f"percentile metrics must be among {LATENCY_METRICS}, got {unknown}")
+    return names
+
+
+def peak_throughput(results: list[RequestResult]) -> tuple[float, int]:
+    """(most chunks within one second, most requests in flight in one second), over one-second
+    buckets from the first request sent, as vLLM computes its peak output throughput."""
+    done = [r for r in results if r.success and r.chunk_times]
+    if not done:
+        return 0.0, 0
+    start = min(r.sent_time for r in done)
+    num_seconds = int(np.ceil(max(r.chunk_times[-1] for r in done) - start)) + 1
+    chunks, in_flight = np.zeros(num_seconds), np.zeros(num_seconds)
+    for r in done:
+        for t in r.chunk_times:
+            chunks[int(t - start)] += 1
+        in_flight[int(r.sent_time - start): int(r.chunk_times[-1] - start) + 1] += 1
+    return float(chunks.max()), int(in_flight.max())
+
+
+def summarize(results: list[RequestResult], duration_s: float, slo: dict[str, float] | None = None,
+              percentiles: tuple[float, ...] = (90, 99)) -> BenchmarkMetrics:
+    """The metrics of a run; `percentiles` are the extra ones each Summary keeps (P90 and P99
+    are always there)."""
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
     done = [r for r in results if r.success]
@@ -133,6 +186,7 @@ def summarize(results: list[RequestResult], duration_s: float, slo: dict[str, fl
     goodput = None
     if slo:
         goodput = sum(meets_slo(r, slo) for r in done) / duration_s
+    peak_chunks, peak_in_flight = peak_throughput(done)
     return BenchmarkMetrics(
         num_completed=len(done),
         num_failed=len(results) - len(done),
@@ -143,8 +197,10 @@ def summarize(results: list[RequestResult], duration_s: float, slo: dict[str, fl
         output_throughput=output_tokens / duration_s,
         total_token_throughput=(input_tokens + output_tokens) / duration_s,
         goodput=goodput,
-        ttft_ms=Summary.of([r.ttft for r in done if r.ttft is not None]),
-        tpot_ms=Summary.of([r.tpot for r in done if r.tpot is not None]),
-        itl_ms=Summary.of([gap for r in done for gap in r.itls]),
-        e2el_ms=Summary.of([r.e2e_latency for r in done if r.e2e_latency is not None]),
+        ttft_ms=Summary.of([r.ttft for r in done if r.ttft is not None], percentiles),
+        tpot_ms=Summary.of([r.tpot for r in done if r.tpot is not None], percentiles),
+        itl_ms=Summary.of([gap for r in done for gap in r.itls], percentiles),
+        e2el_ms=Summary.of([r.e2e_latency for r in done if r.e2e_latency is not None], percentiles),
+        max_output_tokens_per_s=peak_chunks,
+        max_concurrent_requests=peak_in_flight,
     )

@@ -1,13 +1,17 @@
-"""`minilm-engine bench serve`: a load generator for any OpenAI-compatible server (like `vllm bench serve`).
+"""The load generator behind `minilm-engine bench serve` (like `vllm bench serve`; flags in cli.py).
 
 Contract: `run_benchmark(config, requests)` sends `requests` (datasets.py) to
 `config.base_url` at `config.request_rate` requests/s (Poisson arrivals; `burstiness` != 1
 draws gamma gaps of the same mean: < 1 burstier, > 1 more regular) or as fast as
 `max_concurrency` allows, streams every answer, and returns a `BenchResult`: the raw
-per-request timestamps and their `BenchmarkMetrics` (metrics.py).  It speaks only the OpenAI
-protocol over HTTP (httpx), so the same run measures this package's server, vLLM, SGLang,
-`transformers serve`, or a hosted endpoint.  `sweep` repeats it over several rates: the
-throughput-latency curve.
+per-request timestamps and their `BenchmarkMetrics` (metrics.py).  With `initial_test`, as
+vLLM does, the first request is sent once alone before the clock starts (retried while the
+server cannot be reached, up to `ready_timeout_s`), then `num_warmups` copies of it, so a server
+that loads lazily is not measured cold; a failed test raises ValueError instead of measuring
+nothing.  It speaks only the OpenAI protocol over HTTP (httpx), so the same run measures this
+package's server, vLLM, SGLang, `transformers serve`, or a hosted endpoint.  `sweep` repeats
+it over several rates: the throughput-latency curve.  `BenchResult.to_dict()` is the JSON
+result, with vLLM's keys (`duration`, `completed`, `mean_ttft_ms`, `p99_ttft_ms`, ...).
 
     arrivals (Poisson, rate λ)     |   |  | |     |  |   |        gaps ~ Exp(λ)  (gamma, shape b)
     each request                   sent ──TTFT──▶ chunk ─ITL─▶ chunk ... ▶ last   (E2E)
@@ -15,22 +19,19 @@ throughput-latency curve.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import math
-import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 
-from .datasets import BenchRequest, jsonl_requests, noodle_requests
-from .metrics import BenchmarkMetrics, RequestResult, parse_slo, summarize
+from .datasets import BenchRequest
+from .metrics import LATENCY_METRICS, BenchmarkMetrics, RequestResult, summarize
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 
@@ -50,6 +51,16 @@ class BenchConfig:
     slo: dict[str, float] = field(default_factory=dict)  # {"ttft": ms, "tpot": ms, "e2el": ms}
     timeout_s: float = 600.0
     seed: int = 0
+    extra_body: dict = field(default_factory=dict)  # merged into every request body (vLLM's --extra-body)
+    backend: str = "openai"  # vLLM's name of the client: openai, vllm (completions), openai-chat
+    label: str | None = None
+    # What the report and the JSON give for each latency (vLLM's --percentile-metrics, --metric-percentiles).
+    percentile_metrics: tuple[str, ...] = LATENCY_METRICS
+    metric_percentiles: tuple[float, ...] = (90, 99)
+    # Before the clock starts: one request alone (retried while the server is unreachable), then warm-ups.
+    initial_test: bool = False
+    ready_timeout_s: float = 600.0
+    num_warmups: int = 0
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
@@ -60,6 +71,11 @@ class BenchConfig:
             raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.num_warmups < 0:
+            raise ValueError(f"num_warmups must be >= 0, got {self.num_warmups}")
+        unknown = [m for m in self.percentile_metrics if m not in LATENCY_METRICS]
+        if unknown:
+            raise ValueError(f"percentile_metrics must be among {LATENCY_METRICS}, got {unknown}")
 
 
 @dataclass
@@ -69,28 +85,65 @@ class BenchResult:
     results: list[RequestResult]
     start_time: float  # perf_counter when the first request was due
 
-    def to_dict(self) -> dict:
-        """The JSON result file: settings, metrics, and the raw per-request numbers."""
-        config = asdict(self.config)
-        config.pop("api_key")
-        config["request_rate"] = _json_rate(self.config.request_rate)
-        ok = [r for r in self.results if r.success]
-        return {
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            **config,
+    def to_dict(self, detailed: bool = True) -> dict:
+        """The JSON result file, with the keys `vllm bench serve` writes: the run's settings,
+        `duration`, `completed`, `failed`, token totals and throughputs, and per latency in
+        `config.percentile_metrics` its `mean_*_ms`, `median_*_ms`, `std_*_ms` and `p{N}_*_ms`
+        (None where there were no samples, e.g. TPOT of one-token answers).  `detailed` adds
+        the per-request lists (in request order; a failed request has TTFT 0 and no ITLs, as
+        vLLM writes them).  Keys of our own: base_url, endpoint, slo, sampling settings."""
+        c, m = self.config, self.metrics
+        settings = {k: v for k, v in asdict(c).items()
+                    if k in ("base_url", "endpoint", "burstiness", "max_concurrency", "temperature", "ignore_eos",
+                             "stream", "slo", "seed", "num_warmups")}
+        out = {
+            "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
+            "endpoint_type": c.backend,
+            "backend": c.backend,
+            "label": c.label,
+            "model_id": c.model,
             "num_prompts": len(self.results),
-            **self.metrics.to_dict(),
-            "input_lens": [r.num_prompt_tokens for r in ok],
-            "output_lens": [r.num_output_tokens for r in ok],
-            "ttfts": [r.ttft for r in ok],
-            "itls": [r.itls for r in ok],
-            "e2els": [r.e2e_latency for r in ok],
-            "sent_times": [r.sent_time - self.start_time for r in self.results],
-            "errors": [r.error for r in self.results if not r.success],
+            "request_rate": json_rate(c.request_rate),
+            **settings,
+            "duration": m.duration_s,
+            "completed": m.num_completed,
+            "failed": m.num_failed,
+            "total_input_tokens": m.total_input_tokens,
+            "total_output_tokens": m.total_output_tokens,
+            "request_throughput": m.request_throughput,
+            "request_goodput": m.goodput,
+            "output_throughput": m.output_throughput,
+            "total_token_throughput": m.total_token_throughput,
+            "max_output_tokens_per_s": m.max_output_tokens_per_s,
+            "max_concurrent_requests": m.max_concurrent_requests,
         }
+        for name in c.percentile_metrics:
+            summary = m.latency(name)
+            out[f"mean_{name}_ms"] = summary.mean
+            out[f"median_{name}_ms"] = summary.median
+            out[f"std_{name}_ms"] = summary.std
+            for p in c.metric_percentiles:
+                out[f"p{percentile_word(p)}_{name}_ms"] = summary.percentiles.get(float(p))
+        if detailed:
+            out.update({
+                "input_lens": [r.num_prompt_tokens for r in self.results],
+                "output_lens": [r.num_output_tokens if r.success else 0 for r in self.results],
+                "ttfts": [r.ttft if r.success else 0.0 for r in self.results],
+                "itls": [r.itls if r.success else [] for r in self.results],
+                "e2els": [r.e2e_latency if r.success else 0.0 for r in self.results],
+                "generated_texts": [r.generated_text for r in self.results],
+                "errors": [r.error for r in self.results],
+                "sent_times": [r.sent_time - self.start_time for r in self.results],
+            })
+        return out
 
 
-def _json_rate(rate: float) -> float | str:
+def percentile_word(p: float) -> str:
+    """99.0 -> "99", 99.9 -> "99.9": how vLLM names a percentile in its keys and labels."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def json_rate(rate: float) -> float | str:
     return "inf" if math.isinf(rate) else rate
 
 
@@ -107,7 +160,7 @@ def arrival_offsets(num_requests: int, request_rate: float, burstiness: float = 
 
 def _payload(config: BenchConfig, request: BenchRequest) -> dict:
     body = {"model": config.model, "max_tokens": request.max_tokens, "temperature": config.temperature,
-            "stream": config.stream}
+            "stream": config.stream, **config.extra_body}
     if config.stream:
         body["stream_options"] = {"include_usage": True}
     if config.ignore_eos:
@@ -134,6 +187,7 @@ async def send_request(client, config: BenchConfig, request: BenchRequest) -> Re
     try:
         async with client.stream("POST", config.base_url.rstrip("/") + config.endpoint,
                                  json=_payload(config, request)) as response:
+            result.http_status = response.status_code
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")
                 result.error = f"HTTP {response.status_code}: {body[:500]}"
@@ -175,6 +229,33 @@ async def send_request(client, config: BenchConfig, request: BenchRequest) -> Re
     return result
 
 
+async def initial_test(client, config: BenchConfig, request: BenchRequest, retry_interval_s: float = 1.0) -> RequestResult:
+    """Send `request` once, alone, before a timed run (as vLLM does).  While the server cannot
+    answer (not reachable yet, a 5xx while it loads) it is retried until `config.ready_timeout_s`;
+    any other failure (a 4xx, an answer with no text), or none by then, raises ValueError: the
+    run would measure only failures."""
+    deadline = time.monotonic() + config.ready_timeout_s
+    while True:
+        result = await send_request(client, config, request)
+        if result.success:
+            return result
+        not_up = result.http_status is None or result.http_status >= 500
+        if not not_up or time.monotonic() + retry_interval_s > deadline:
+            raise ValueError(f"the initial test request failed, so the benchmark did not start (check "
+                             f"--base-url, --model and the other arguments): {result.error}")
+        await asyncio.sleep(retry_interval_s)
+
+
+async def _gather_limited(limit: asyncio.Semaphore | None, coroutines: list) -> list:
+    async def one(coroutine):
+        if limit is None:
+            return await coroutine
+        async with limit:
+            return await coroutine
+
+    return await asyncio.gather(*(one(c) for c in coroutines))
+
+
 async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest],
                               on_result: Callable[[RequestResult], None] | None = None,
                               progress: bool = True) -> BenchResult:
@@ -188,11 +269,15 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest],
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     # No connection cap of httpx's own: concurrency is what this benchmark sets.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    bar = tqdm(total=len(requests), desc=f"rate {_json_rate(config.request_rate)}", unit="req",
+    bar = tqdm(total=len(requests), desc=f"rate {json_rate(config.request_rate)}", unit="req",
                disable=not progress, leave=False)
     results: list[RequestResult | None] = [None] * len(requests)
 
     async with httpx.AsyncClient(timeout=config.timeout_s, headers=headers, limits=limits) as client:
+        if config.initial_test:
+            await initial_test(client, config, requests[0])
+        if config.num_warmups:
+            await _gather_limited(limit, [send_request(client, config, requests[0]) for _ in range(config.num_warmups)])
         start = time.perf_counter()
 
         async def one(i: int) -> None:
@@ -213,7 +298,7 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest],
         duration = time.perf_counter() - start
     bar.close()
     done = [r for r in results if r is not None]
-    return BenchResult(config, summarize(done, duration, config.slo), done, start)
+    return BenchResult(config, summarize(done, duration, config.slo, config.metric_percentiles), done, start)
 
 
 def run_benchmark(config: BenchConfig, requests: list[BenchRequest],
@@ -246,145 +331,12 @@ def run_sync(coroutine):
 
 
 def sweep(config: BenchConfig, requests: list[BenchRequest], rates: list[float], progress: bool = True) -> list[BenchResult]:
-    """The same requests at each rate in turn: a throughput-latency curve."""
+    """The same requests at each rate in turn: a throughput-latency curve (the initial test and
+    the warm-ups, if any, only before the first)."""
     out = []
-    for rate in rates:
-        step = BenchConfig(**{**asdict(config), "request_rate": rate})
+    for i, rate in enumerate(rates):
+        step = replace(config, request_rate=rate)
+        if i > 0:
+            step = replace(step, initial_test=False, num_warmups=0)
         out.append(run_benchmark(step, requests, progress=progress))
     return out
-
-
-# -- the command line ---------------------------------------------------------------------------
-
-
-def format_report(result: BenchResult) -> str:
-    m, c = result.metrics, result.config
-    lines = [
-        f"{' Serving Benchmark Result ':=^60}",
-        f"{'Endpoint:':<40}{c.base_url.rstrip('/') + c.endpoint}",
-        f"{'Request rate (req/s):':<40}{_json_rate(c.request_rate)}",
-        f"{'Max concurrency:':<40}{c.max_concurrency}",
-        f"{'Successful requests:':<40}{m.num_completed}",
-        f"{'Failed requests:':<40}{m.num_failed}",
-        f"{'Benchmark duration (s):':<40}{m.duration_s:.2f}",
-        f"{'Total input tokens:':<40}{m.total_input_tokens}",
-        f"{'Total generated tokens:':<40}{m.total_output_tokens}",
-        f"{'Request throughput (req/s):':<40}{m.request_throughput:.2f}",
-        f"{'Output token throughput (tok/s):':<40}{m.output_throughput:.2f}",
-        f"{'Total token throughput (tok/s):':<40}{m.total_token_throughput:.2f}",
-    ]
-    if m.goodput is not None:
-        lines.append(f"{'Request goodput (req/s):':<40}{m.goodput:.2f}")
-    for title, summary in (("Time to First Token", m.ttft_ms), ("Time per Output Token (excl. 1st token)", m.tpot_ms),
-                           ("Inter-token Latency", m.itl_ms), ("End-to-end Latency", m.e2el_ms)):
-        lines.append(f"{title:-^60}")
-        for name, value in (("Mean", summary.mean), ("Median", summary.median), ("P90", summary.p90), ("P99", summary.p99)):
-            lines.append(f"{name + ' (ms):':<40}{'-' if value is None else f'{value:.2f}'}")
-    errors = sorted({r.error for r in result.results if not r.success})
-    if errors:
-        lines.append(f"first errors: {errors[:3]}")
-    lines.append("=" * 60)
-    return "\n".join(lines)
-
-
-def format_sweep(results: list[BenchResult]) -> str:
-    header = f"{'rate':>8} {'req/s':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'goodput':>8}"
-    rows = [header]
-    for r in results:
-        m = r.metrics
-
-        def f(v):
-            return "-" if v is None else f"{v:.1f}"
-        rows.append(f"{str(_json_rate(r.config.request_rate)):>8} {m.request_throughput:>7.2f} {m.output_throughput:>8.1f} "
-                    f"{f(m.ttft_ms.median):>9} {f(m.ttft_ms.p99):>9} {f(m.itl_ms.median):>8} {f(m.itl_ms.p99):>8} "
-                    f"{f(m.goodput) if m.goodput is not None else '-':>8}")
-    return "\n".join(rows)
-
-
-def _rate(text: str) -> float:
-    value = float(text)  # "inf" parses too
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"a request rate must be > 0 (or inf), got {text}")
-    return value
-
-
-def add_bench_parser(subparsers) -> argparse.ArgumentParser:
-    bench = subparsers.add_parser("bench", help="benchmarks (bench serve: load-test an OpenAI-compatible server)")
-    kinds = bench.add_subparsers(dest="bench_command", required=True)
-    p = kinds.add_parser("serve", help="load-test an OpenAI-compatible server (ours, vLLM, any)",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server, without /v1")
-    p.add_argument("--model", required=True, help="the model name the server knows (GET /v1/models)")
-    p.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS)
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--dataset", default="noodle", help="'noodle' (the shop's corpus) or a JSONL file of {\"prompt\": ...}")
-    p.add_argument("--num-prompts", type=int, default=100)
-    p.add_argument("--input-len", type=int, default=None, help="prompt tokens (default: a document's first line)")
-    p.add_argument("--output-len", type=int, default=32, help="max_tokens of each request")
-    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L(1-r), L(1+r)]")
-    p.add_argument("--tokenizer", default=None, help="to cut prompts to --input-len tokens (default: --model if it loads)")
-    p.add_argument("--request-rate", type=_rate, default=math.inf, help="requests/s, Poisson (default inf: all at once)")
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps: <1 burstier, 1 Poisson")
-    p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--sweep", default=None, help="comma-separated request rates, e.g. 1,2,4,inf")
-    p.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS", help="SLOs, e.g. ttft:500 tpot:50")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--ignore-eos", action="store_true", help="ask for exactly max_tokens (vLLM extension)")
-    p.add_argument("--no-stream", action="store_true", help="ask for whole answers (TTFT = E2E: what the user waits)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
-    p.add_argument("--result-file", default=None, help="write the JSON result here")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=run_bench_serve)
-    return p
-
-
-def _load_tokenizer(name: str | None):
-    if name is None:
-        return None
-    try:
-        from transformers import AutoTokenizer
-
-        from ..models import resolve_model_path
-
-        return AutoTokenizer.from_pretrained(str(resolve_model_path(name)))
-    except Exception:
-        return None
-
-
-def requests_from_args(args: argparse.Namespace) -> list[BenchRequest]:
-    if args.dataset == "noodle":
-        tokenizer = _load_tokenizer(args.tokenizer or args.model) if args.input_len else None
-        if args.input_len and tokenizer is None:
-            print(f"[no tokenizer for {args.tokenizer or args.model!r}: prompt lengths estimated at "
-                  "4 characters a token]", file=sys.stderr)
-        return noodle_requests(args.num_prompts, args.output_len, args.input_len, args.range_ratio, args.seed, tokenizer)
-    return jsonl_requests(args.dataset, args.num_prompts, args.output_len, args.range_ratio, args.seed)
-
-
-def run_bench_serve(args: argparse.Namespace) -> int:
-    try:
-        config = BenchConfig(
-            base_url=args.base_url, model=args.model, endpoint=args.endpoint, request_rate=args.request_rate,
-            burstiness=args.burstiness, max_concurrency=args.max_concurrency, api_key=args.api_key,
-            temperature=args.temperature, ignore_eos=args.ignore_eos, stream=not args.no_stream,
-            slo=parse_slo(args.goodput), timeout_s=args.timeout, seed=args.seed,
-        )
-        rates = [_rate(r) for r in args.sweep.split(",")] if args.sweep else None
-        requests = requests_from_args(args)
-    except (ValueError, OSError, argparse.ArgumentTypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if rates is None:
-        results = [run_benchmark(config, requests, progress=not args.no_progress)]
-        print(format_report(results[0]))
-    else:
-        results = sweep(config, requests, rates, progress=not args.no_progress)
-        for r in results:
-            print(format_report(r))
-        print(format_sweep(results))
-    if args.result_file:
-        payload = results[0].to_dict() if rates is None else {"sweep": [r.to_dict() for r in results]}
-        Path(args.result_file).write_text(json.dumps(payload, indent=1))
-        print(f"[result written to {args.result_file}]", file=sys.stderr)
-    return 0 if all(r.metrics.num_completed > 0 for r in results) else 1

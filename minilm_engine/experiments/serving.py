@@ -36,7 +36,8 @@ def start_server(model: str | None = None, device: str | None = None, **engine_a
 
 
 def model_name(server: ServerThread) -> str:
-    return server.engine.llm.model_path.name
+    """The name the server answers to (the model as it was given, like vLLM's)."""
+    return server.app.state.serving.served_model_names[0]
 
 
 def arrival_rate(result: BenchResult) -> float:
