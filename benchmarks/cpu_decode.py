@@ -1,0 +1,280 @@
+"""Batch-1 decode on a laptop-class CPU: this engine vs `transformers.generate` vs the floor.
+
+Issue 22's table, measured in one process on a Qwen3-0.6B configuration (shapes from
+`models/known_configs.py`) with random weights, written once as a bf16 checkpoint that every
+system loads:
+
+    1. batch-1 greedy decode after a 16-token prompt (48 tokens; the prefill is left out):
+       tokens/s and step ms of minilm-engine (bf16 and fp32 activations) and of
+       `transformers.generate` on the same checkpoint and dtype, each against the weight-read
+       floor: the bytes one decode step reads (every weight once; a tied head reads the
+       embedding table) / the copy bandwidth of a large tensor copy, measured here
+    2. decode at batch 4 and 16 (bf16), the engine and `transformers.generate`
+    3. llama.cpp through llama-cpp-python, only when `llama_cpp` is importable; otherwise the
+       script says it skipped it, and why
+
+Every system stays loaded; each repeat runs them one after another in a rotating order, so a
+machine whose load changes moves every column, not one.  A cell is the median of its repeats
+with their spread [min-max]; a ratio is the median of the per-repeat ratios.  A step is timed
+by the gap between tokens: the engine's `metrics.tpot`, and for transformers a streamer that
+stamps each token as `generate` hands it out.
+
+    python benchmarks/cpu_decode.py --threads 2         # full size: several minutes
+    python benchmarks/cpu_decode.py --quick             # a tiny config: seconds (the smoke test)
+    python benchmarks/cpu_decode.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from common import add_threads_option, apply_threads_option
+
+from minilm_engine import LLM, SamplingParams
+from minilm_engine.experiments.batching import measure_copy_bandwidth
+from minilm_engine.experiments.quantization import write_random_qwen3
+from minilm_engine.models.known_configs import KNOWN_CONFIGS
+
+MODEL_ID = "Qwen/Qwen3-0.6B"
+QUICK_OVERRIDES = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+                       bos_token_id=1, eos_token_id=2)
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a tiny config (CI smoke test)")
+    parser.add_argument("--tokens", type=int, default=None, help="decode tokens per run (default 48; 6 with --quick)")
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--batch-sizes", default="4,16", help="part 2's batch sizes")
+    parser.add_argument("--num-layers", type=int, default=None, help="fewer layers than the real model (faster)")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating runs per system (medians are reported)")
+    parser.add_argument("--json", default=None)
+    # Decode of a 0.6B model reads ~1.2 GB per token: one core cannot keep the memory busy.
+    add_threads_option(parser, default=os.cpu_count() or 1,
+                       why="every core: one core cannot keep the memory busy for a model this size")
+    return parser.parse_args(argv)
+
+
+# -- the systems -----------------------------------------------------------------------------
+
+@dataclass
+class System:
+    """One column of the comparison: a label, a dtype, and a function `step_ms(batch_size)` that
+    decodes `num_tokens` greedy tokens for `batch_size` prompts and returns the step time."""
+
+    label: str
+    dtype: str
+    step_ms: object  # Callable[[int], float]
+    kind: str  # "minilm-engine" or "transformers"
+    bytes_per_step: int | None = None  # what one batch-1 step reads (the engine's weights)
+
+
+def prompt_ids(batch_size: int, num_tokens: int, vocab_size: int) -> list[list[int]]:
+    """Distinct valid ids per row (no prefix-cache hits, nothing a tokenizer must agree on)."""
+    return [[(7919 * (i + 1) + 31 * j) % (vocab_size - 10) + 10 for j in range(num_tokens)] for i in range(batch_size)]
+
+
+def engine_system(folder: Path, dtype: str, label: str, num_tokens: int, prompt_tokens: int,
+                  max_batch: int, **llm_args) -> System:
+    llm = LLM(folder, dtype=DTYPES[dtype], max_num_seqs=max_batch, record_trace=False,
+              enable_prefix_caching=False, kv_cache_memory=512 << 20, **llm_args)
+    vocab = llm.config.vocab_size
+
+    def step_ms(batch_size: int, n: int = num_tokens) -> float:
+        # Every request decodes together, so one request's mean gap between tokens is one step.
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        prompts = [{"prompt_token_ids": p} for p in prompt_ids(batch_size, prompt_tokens, vocab)]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return statistics.median(o.metrics.tpot for o in outs) * 1e3
+
+    step_ms(1, 3)  # warm-up
+    return System(label, dtype, step_ms, "minilm-engine", bytes_read_per_step(llm))
+
+
+class TokenClock:
+    """A `transformers` streamer that only notes when each token came out: the first `put` is
+    the prompt, the second the first new token (after the prefill), then one per decode step."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def step_ms(self) -> float:
+        decode = self.times[1:]  # from the first new token on
+        return (decode[-1] - decode[0]) / (len(decode) - 1) * 1e3
+
+
+def transformers_system(folder: Path, dtype: str, num_tokens: int, prompt_tokens: int) -> System:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype]).eval()
+    vocab = model.config.vocab_size
+
+    def step_ms(batch_size: int, n: int = num_tokens) -> float:
+        ids = torch.tensor(prompt_ids(batch_size, prompt_tokens, vocab))
+        config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                  pad_token_id=0, eos_token_id=model.config.eos_token_id)
+        clock = TokenClock()
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                           streamer=clock)
+        return clock.step_ms()
+
+    step_ms(1, 3)  # warm-up
+    return System(f"transformers.generate, {dtype}", dtype, step_ms, "transformers")
+
+
+def llama_cpp_skip_reason() -> str | None:
+    """Why llama.cpp is not run, or None when it can be."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return ("llama_cpp is not importable (llama-cpp-python is not installed; it is an optional "
+                "extra, not a dependency): issue 22 quotes 21.1 tok/s bf16 on a 2-core AVX-512 machine")
+    # Building the GGUF needs llama.cpp's own convert_hf_to_gguf.py, which the wheel does not ship.
+    return "llama_cpp is importable, but converting the checkpoint to GGUF is not implemented in this script yet"
+
+
+# -- the floor -------------------------------------------------------------------------------
+
+def bytes_read_per_step(llm: LLM) -> int:
+    """What one batch-1 decode step reads: every weight once, except the embedding table (a
+    lookup reads one row) unless the head is that table (tied)."""
+    table = llm.model.model.embed_tokens.weight
+    tied = llm.model.lm_head.weight is table if hasattr(llm.model.lm_head, "weight") else False
+    return llm.weight_bytes - (0 if tied else table.numel() * table.element_size())
+
+
+# -- the table -------------------------------------------------------------------------------
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def fmt(s: dict, digits: int = 1) -> str:
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
+
+
+def run_repeats(systems: list[System], batch_sizes: list[int], repeats: int, bandwidth_bytes: int) -> dict:
+    """{"bandwidth": [B/s per repeat], (label, batch): [step ms per repeat]}, rotating who goes first."""
+    runs: dict = {"bandwidth": []}
+    for r in range(repeats):
+        runs["bandwidth"].append(measure_copy_bandwidth(num_bytes=bandwidth_bytes, num_repeats=3))
+        for b in [1, *batch_sizes]:
+            order = systems if b == 1 else [s for s in systems if s.dtype == "bf16"]
+            shift = r % len(order)
+            for system in order[shift:] + order[:shift]:
+                runs.setdefault((system.label, b), []).append(system.step_ms(b))
+        print(f"   repeat {r + 1}/{repeats} done", flush=True)
+    return runs
+
+
+def batch1_table(systems: list[System], runs: dict, floor_bytes: dict[str, int]) -> dict:
+    """Part 1: per system tokens/s, step ms, the ratio to transformers at its dtype and the
+    share of the floor, each as median [min-max] (ratios: median of per-repeat ratios)."""
+    bandwidth = runs["bandwidth"]
+    rows = {}
+    print(f"   {'':40} {'tok/s':>20} {'step ms':>22} {'vs transformers':>16} {'of floor':>10}")
+    for system in systems:
+        steps = runs[(system.label, 1)]
+        base = runs[(f"transformers.generate, {system.dtype}", 1)]
+        floors = [floor_bytes[system.dtype] / bw * 1e3 for bw in bandwidth]  # ms per repeat
+        row = {"tokens_per_s": spread([1e3 / s for s in steps]), "step_ms": spread(steps),
+               "vs_transformers": statistics.median(b / s for b, s in zip(base, steps)),
+               "of_floor": statistics.median(f / s for f, s in zip(floors, steps)), "runs_ms": steps}
+        rows[system.label] = row
+        print(f"   {system.label:40} {fmt(row['tokens_per_s']):>20} {fmt(row['step_ms']):>22} "
+              f"{row['vs_transformers']:15.2f}x {row['of_floor']:9.0%}", flush=True)
+    return rows
+
+
+def batch_table(systems: list[System], runs: dict, batch_sizes: list[int]) -> dict:
+    """Part 2: tokens/s (all rows of the batch) per bf16 system and batch size, and the ratio to
+    transformers at that batch size."""
+    rows = {}
+    bf16 = [s for s in systems if s.dtype == "bf16"]
+    print(f"   {'':40}" + "".join(f"{f'batch {b}: tok/s':>24} {'vs hf':>6}" for b in batch_sizes))
+    for system in bf16:
+        cells, text = {}, ""
+        for b in batch_sizes:
+            steps, base = runs[(system.label, b)], runs[("transformers.generate, bf16", b)]
+            cells[str(b)] = {"tokens_per_s": spread([b * 1e3 / s for s in steps]), "step_ms": spread(steps),
+                             "vs_transformers": statistics.median(h / s for h, s in zip(base, steps))}
+            text += f"{fmt(cells[str(b)]['tokens_per_s']):>24} {cells[str(b)]['vs_transformers']:5.2f}x"
+        rows[system.label] = cells
+        print(f"   {system.label:40}" + text, flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    apply_threads_option(args)
+    num_tokens = args.tokens or (6 if args.quick else 48)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    results: dict = {"model": f"{MODEL_ID} shape{' (tiny, --quick)' if args.quick else ''}, random weights",
+                     "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                            f"{torch.get_num_threads()} torch threads",
+                     "torch": torch.__version__, "num_tokens": num_tokens, "prompt_tokens": args.prompt_tokens,
+                     "repeats": args.repeats}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "bf16"
+        fields = {k: v for k, v in KNOWN_CONFIGS[MODEL_ID].items() if k not in ("architectures", "torch_dtype")}
+        fields.update(QUICK_OVERRIDES if args.quick else {})
+        if args.num_layers:
+            fields["num_hidden_layers"] = args.num_layers
+        t0 = time.perf_counter()
+        write_random_qwen3(folder, **fields)
+        gc.collect()
+        max_batch = max([1, *batch_sizes])
+        common = dict(num_tokens=num_tokens, prompt_tokens=args.prompt_tokens)
+        systems = [engine_system(folder, d, f"minilm-engine, {d}", max_batch=max_batch, **common) for d in DTYPES]
+        systems += [transformers_system(folder, d, **common) for d in DTYPES]
+        print(f"checkpoint written, {len(systems)} systems loaded and warmed up in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        floor_bytes = {s.dtype: s.bytes_per_step for s in systems if s.kind == "minilm-engine"}
+
+        print(f"\n{results['model']}; {results['cpu']}; torch {torch.__version__}")
+        print(f"{num_tokens} greedy tokens after a {args.prompt_tokens}-token prompt; median [min-max] of "
+              f"{args.repeats} alternating repeats", flush=True)
+        bandwidth_bytes = 1 << (24 if args.quick else 28)
+        runs = run_repeats(systems, batch_sizes, args.repeats, bandwidth_bytes)
+        bw = spread([b / 1e9 for b in runs["bandwidth"]])
+        results["copy_bandwidth_GBps"] = bw
+        results["floor"] = {d: {"bytes_per_step": n, "ms": n / (bw["median"] * 1e9) * 1e3} for d, n in floor_bytes.items()}
+        print(f"\nweight-read floor: copy bandwidth of a {bandwidth_bytes >> 20} MiB tensor {fmt(bw)} GB/s; "
+              + ", ".join(f"{d} {f['bytes_per_step'] / 1e6:,.0f} MB a step -> {f['ms']:.1f} ms "
+                          f"({1e3 / f['ms']:.1f} tok/s)" for d, f in results["floor"].items()))
+
+        print("\n1. batch-1 decode")
+        results["batch1"] = batch1_table(systems, runs, floor_bytes)
+        if batch_sizes:
+            print(f"\n2. decode at batch {' and '.join(map(str, batch_sizes))}, bf16 (tokens/s of the whole batch)")
+            results["batches"] = batch_table(systems, runs, batch_sizes)
+        reason = llama_cpp_skip_reason()
+        results["llama_cpp"] = {"skipped": reason}
+        print(f"\n3. llama.cpp: skipped: {reason}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main())
