@@ -314,7 +314,7 @@ def test_gpus_for_load_exercise_and_its_checker() -> None:
         assert not GPUS_FOR_LOAD.check(wrong).passed
 
 
-OUR_BENCH = {  # the shape minilm-engine's own `bench serve --result-file` writes
+OUR_BENCH = {  # the shape minilm-engine's `bench serve --result-file` wrote before it took vLLM's keys
     "date": "2026-12-01T01:00:00+00:00", "base_url": "http://127.0.0.1:8000", "model": "noodle-chef",
     "endpoint": "/v1/completions", "request_rate": 4.0, "burstiness": 1.0, "max_concurrency": None,
     "slo": {"ttft": 500.0}, "num_prompts": 20, "num_completed": 20, "num_failed": 0,

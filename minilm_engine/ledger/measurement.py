@@ -221,9 +221,10 @@ class Measurement:
         `max_concurrency`, `model_id` / `model`, `date`, `num_gpus`, `machine`,
         `total_cached_tokens`, and latencies in milliseconds, each as `mean_ttft_ms`,
         `median_ttft_ms` / `p50_ttft_ms`, `p90_ttft_ms`, `p99_ttft_ms` (same for `tpot` and
-        `e2el`), as `ttft_ms: {"mean", "median", "p90", "p99"}` (what this package's
-        `bench serve` writes), or as `percentiles_ttft_ms: [[50, value], ...]`.  Unknown keys go into the
-        provenance's settings when they are small scalars, so nothing measured is lost.
+        `e2el`; what vLLM's and this package's `bench serve` write), as `ttft_ms: {"mean",
+        "median", "p90", "p99"}` (what this package's `bench serve` wrote before), or as
+        `percentiles_ttft_ms: [[50, value], ...]`.  Unknown keys go into the provenance's
+        settings when they are small scalars, so nothing measured is lost.
         """
         result = _read_json(result)
         if not isinstance(result, Mapping):
