@@ -169,3 +169,29 @@ def test_continuous_usage_stats_puts_usage_on_every_chunk(server, path, body):
     quiet = stream_events(server, path, {**body, "stream": True, "stream_options": {"continuous_usage_stats": True}})
     assert all("usage" not in e for e in quiet)
     no_leak(server)
+
+
+def test_chat_template_kwargs_reach_the_template(checkpoints):
+    """vLLM's chat_template_kwargs: extra template variables (Qwen3's enable_thinking, say)."""
+    ckpt = checkpoints["qwen2"]
+    llm = LLM(ckpt.path, device="cpu", record_trace=False)
+    llm.tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                                   "{% if enable_thinking is defined and not enable_thinking %}<quiet>{% endif %}"
+                                   "<assistant>")
+    name = str(ckpt.path)
+    messages = [{"role": "user", "content": "Hi"}]
+    with ServerThread(llm) as server:
+        def prompt_of(**extra):
+            tokens = post(server, "/tokenize", {"model": name, "messages": messages, **extra})["tokens"]
+            return post(server, "/detokenize", {"model": name, "tokens": tokens})["prompt"]
+
+        assert prompt_of() == "<user>Hi<assistant>"
+        assert prompt_of(chat_template_kwargs={"enable_thinking": False}) == "<user>Hi<quiet><assistant>"
+        usage = [post(server, "/v1/chat/completions", {"model": name, "messages": messages, "max_tokens": 2,
+                                                       **extra})["usage"]["prompt_tokens"]
+                 for extra in ({}, {"chat_template_kwargs": {"enable_thinking": False}})]
+        assert usage[1] > usage[0]
+        bad = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": name, "messages": messages, "chat_template_kwargs": {"tokenize": True}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+        no_leak(server)

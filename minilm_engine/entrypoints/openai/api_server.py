@@ -165,7 +165,8 @@ async def _parse(raw: Request, model):
         if first["type"] == "missing":
             detail = "this field is required"
         else:
-            detail += f" (got {first.get('input')!r})"
+            given = repr(first.get("input"))
+            detail += f" (got {given if len(given) <= 200 else given[:200] + '...'})"
         raise APIError(400, f"Invalid request: {where}: {detail}.", str(first["loc"][0]) if first["loc"] else None,
                        "invalid_value") from None
 
