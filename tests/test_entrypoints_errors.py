@@ -111,7 +111,7 @@ CATALOGUE = [
      "tokens"),
     ("detokenize without tokens", "POST", "/detokenize", {"model": MODEL}, 400, ["tokens", "required"], "tokens"),
     ("chat max_tokens and max_completion_tokens", "POST", "/v1/chat/completions",
-     chat(max_completion_tokens=4), 400, ["not both"], "max_tokens"),
+     chat(max_completion_tokens=5), 400, ["differ", "max_completion_tokens"], "max_tokens"),
     ("GET on a POST route", "GET", "/v1/completions", None, 405, ["not allowed"], None),
     ("unknown route", "POST", "/v1/embeddings", completion(), 404, ["No route", "/v1/embeddings"], None),
 ]

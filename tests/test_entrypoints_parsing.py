@@ -118,6 +118,9 @@ def test_neutral_values_of_unimplemented_fields_are_accepted(client, server):
                                               extra_body={"add_generation_prompt": True})
     assert chat_got.choices[0].message.content == chat_want
     assert client.chat.completions.create(**CHAT, tool_choice="auto").choices[0].message.content == chat_want
+    # guidellm sends both limits, equal.
+    both = client.chat.completions.create(**CHAT, max_completion_tokens=CHAT["max_tokens"])
+    assert both.choices[0].message.content == chat_want
 
 
 @pytest.mark.parametrize("endpoint, changes, param", [

@@ -322,8 +322,10 @@ class ChatCompletionRequest(_SamplingFields):
     not_implemented = CHAT_NOT_IMPLEMENTED
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.max_tokens is not None and self.max_completion_tokens is not None:
-            return "max_tokens", "give max_tokens or max_completion_tokens, not both"
+        # Some clients (guidellm) send both, equal; two different limits are a contradiction.
+        if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
+            return "max_tokens", (f"max_tokens ({self.max_tokens}) and max_completion_tokens "
+                                  f"({self.max_completion_tokens}) differ: give one, or both equal")
         for tools, choice in (("tools", "tool_choice"), ("functions", "function_call")):
             problem = _no_tools(getattr(self, tools), getattr(self, choice), tools, choice)
             if problem is not None:
