@@ -17,6 +17,7 @@ from .engine.config import EngineConfig
 from .device import resolve_device, resolve_dtype
 from .inputs import InputProcessor, PromptType
 from .models import load_model, resolve_model_path
+from .models.fused_cpu import apply_model_backend, packed_weight_bytes
 from .outputs import RequestOutput
 from .quantization import weight_bytes
 from .quantization.setup import setup_quantization
@@ -51,6 +52,10 @@ class LLM:
             default 128), method ("rtn" or "awq", calibrated), calibration_texts (a list of
             strings; default: held-out noodle-shop text), kernel ("auto", "reference", "cpu",
             "triton").
+        model_backend: "reference" (default: the readable decoder, `models/decoder.py`) or
+            "fused": on a CPU, q/k/v and gate/up fused into one matmul each over oneDNN-packed
+            weights (`models/fused_cpu.py`), built after loading; it warns and keeps the
+            readable model where it cannot run (a GPU, fp16, quantized projections).
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class LLM:
         max_model_len: int | None = None,
         quantization: str | None = None,
         quantization_config: dict[str, Any] | None = None,
+        model_backend: str = "reference",
         **engine_args: Any,
     ):
         if strategy not in STRATEGIES:
@@ -88,6 +94,7 @@ class LLM:
         self.config = self.model.config
         self.tokenizer = _load_tokenizer(tokenizer or self.model_path)
         self.quantization = setup_quantization(self.model, self.tokenizer, quantization, quantization_config)
+        self.model_backend = apply_model_backend(self.model, model_backend)
         limit = self.config.max_position_embeddings
         if max_model_len is not None and not (isinstance(max_model_len, int) and 1 < max_model_len <= limit):
             raise ValueError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")
@@ -118,7 +125,7 @@ class LLM:
     @property
     def weight_bytes(self) -> int:
         """Bytes the weights take on the device (quantized codes, scales and offsets included)."""
-        return weight_bytes(self.model)
+        return weight_bytes(self.model) + packed_weight_bytes(self.model)
 
     def __repr__(self) -> str:
         return (

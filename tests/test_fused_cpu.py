@@ -1,0 +1,75 @@
+"""Tests for minilm_engine.models.fused_cpu: the fused CPU path against the readable decoder.
+
+The fused path changes how the matmuls run, not the math, so greedy decoding must give the
+same tokens as the readable model on every tiny checkpoint (each family: q/k/v biases, q/k
+norms, GQA ratios, tied and untied heads), one request and a batch, and the logits must agree
+to float tolerance.  Where it cannot run it must say why and keep the readable model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minilm_engine import LLM, SamplingParams
+from minilm_engine.attention.reference import NoKVCache
+from minilm_engine.models.decoder import MLP, Attention
+from minilm_engine.models.fused_cpu import FusedAttention, FusedMLP, MatVecHead, apply_model_backend
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def engines(path, **kwargs) -> tuple[LLM, LLM]:
+    args = dict(record_trace=False, kv_cache_memory=8 << 20, **kwargs)
+    return LLM(path, **args), LLM(path, model_backend="fused", **args)
+
+
+def test_fused_greedy_equals_the_readable_model_token_for_token(checkpoint, prompts):
+    reference, fused = engines(checkpoint.path)
+    # The fast path really ran: every layer swapped, the head too.
+    assert fused.model_backend == "fused"
+    assert all(isinstance(layer.self_attn, FusedAttention) and isinstance(layer.mlp, FusedMLP)
+               for layer in fused.model.model.layers)
+    assert isinstance(fused.model.lm_head, MatVecHead)
+    assert all(isinstance(layer.self_attn, Attention) and isinstance(layer.mlp, MLP)
+               for layer in reference.model.model.layers)
+    for prompt in prompts:  # batch 1: the one-row matmuls and torch.mv at the head
+        (want,) = reference.generate([prompt], GREEDY, use_tqdm=False)
+        (got,) = fused.generate([prompt], GREEDY, use_tqdm=False)
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    batched = fused.generate(prompts, GREEDY, use_tqdm=False)  # many rows, F.linear at the head
+    alone = reference.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in batched] == [o.outputs[0].token_ids for o in alone]
+    # The packed weights are counted, and hold what the readable projections held.
+    assert fused.weight_bytes == reference.weight_bytes
+
+
+def test_fused_logits_match_the_readable_model(checkpoint):
+    reference, fused = engines(checkpoint.path)
+    ids = torch.randint(0, reference.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    with torch.inference_mode():
+        logits = [llm.model.compute_logits(llm.model(ids, positions, NoKVCache(torch.ones_like(ids, dtype=torch.bool))))
+                  for llm in (reference, fused)]
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
+
+
+def test_fused_in_bf16_gives_the_readable_bf16_tokens(checkpoints, prompts):
+    reference, fused = engines(checkpoints["qwen3"].path, dtype="bfloat16")
+    assert fused.model_backend == "fused"
+    want = reference.generate(prompts[:2], GREEDY, use_tqdm=False)
+    got = fused.generate(prompts[:2], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+
+
+def test_fused_falls_back_with_the_reason_where_it_cannot_run(checkpoints):
+    with pytest.warns(UserWarning, match="falls back to the readable model: .*QuantizedLinear"):
+        llm = LLM(checkpoints["llama"].path, quantization="int8", model_backend="fused",
+                  record_trace=False, kv_cache_memory=8 << 20)
+    assert llm.model_backend == "reference"
+    with pytest.warns(UserWarning, match="oneDNN packs fp32 and bf16"):
+        llm = LLM(checkpoints["llama"].path, dtype="float16", model_backend="fused",
+                  record_trace=False, kv_cache_memory=8 << 20)
+    assert llm.model_backend == "reference"
+    with pytest.raises(ValueError, match="model_backend must be one of"):
+        apply_model_backend(llm.model, "compiled")
