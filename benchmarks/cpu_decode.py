@@ -5,11 +5,13 @@ Issue 22's table, measured in one process on a Qwen3-0.6B configuration (shapes 
 system loads:
 
     1. batch-1 greedy decode after a 16-token prompt (48 tokens; the prefill is left out):
-       tokens/s and step ms of minilm-engine (bf16 and fp32 activations) and of
-       `transformers.generate` on the same checkpoint and dtype, each against the weight-read
+       tokens/s and step ms of minilm-engine (bf16 and fp32 activations), its readable decoder
+       (`models/decoder.py`) and its fused CPU backend (`model_backend="fused"`,
+       `models/fused_cpu.py`), and of `transformers.generate` on the same checkpoint and
+       dtype, each against the weight-read
        floor: the bytes one decode step reads (every weight once; a tied head reads the
        embedding table) / the copy bandwidth of a large tensor copy, measured here
-    2. decode at batch 4 and 16 (bf16), the engine and `transformers.generate`
+    2. decode at batch 4 and 16 (bf16), the engine (both backends) and `transformers.generate`
     3. llama.cpp through llama-cpp-python, only when `llama_cpp` is importable; otherwise the
        script says it skipped it, and why
 
@@ -81,6 +83,7 @@ class System:
     step_ms: object  # Callable[[int], float]
     kind: str  # "minilm-engine" or "transformers"
     bytes_per_step: int | None = None  # what one batch-1 step reads (the engine's weights)
+    backend: str | None = None  # the engine's model backend in use (it may have fallen back)
 
 
 def prompt_ids(batch_size: int, num_tokens: int, vocab_size: int) -> list[list[int]]:
@@ -102,7 +105,7 @@ def engine_system(folder: Path, dtype: str, label: str, num_tokens: int, prompt_
         return statistics.median(o.metrics.tpot for o in outs) * 1e3
 
     step_ms(1, 3)  # warm-up
-    return System(label, dtype, step_ms, "minilm-engine", bytes_read_per_step(llm))
+    return System(label, dtype, step_ms, "minilm-engine", bytes_read_per_step(llm), llm.model_backend)
 
 
 class TokenClock:
@@ -191,17 +194,19 @@ def batch1_table(systems: list[System], runs: dict, floor_bytes: dict[str, int])
     share of the floor, each as median [min-max] (ratios: median of per-repeat ratios)."""
     bandwidth = runs["bandwidth"]
     rows = {}
-    print(f"   {'':40} {'tok/s':>20} {'step ms':>22} {'vs transformers':>16} {'of floor':>10}")
+    print(f"   {'':40} {'tok/s':>20} {'step ms':>22} {'vs transformers':>16} {'vs reference':>13} {'of floor':>10}")
     for system in systems:
         steps = runs[(system.label, 1)]
         base = runs[(f"transformers.generate, {system.dtype}", 1)]
+        readable = runs[(f"minilm-engine reference, {system.dtype}", 1)]
         floors = [floor_bytes[system.dtype] / bw * 1e3 for bw in bandwidth]  # ms per repeat
         row = {"tokens_per_s": spread([1e3 / s for s in steps]), "step_ms": spread(steps),
                "vs_transformers": statistics.median(b / s for b, s in zip(base, steps)),
+               "vs_reference": statistics.median(b / s for b, s in zip(readable, steps)),
                "of_floor": statistics.median(f / s for f, s in zip(floors, steps)), "runs_ms": steps}
         rows[system.label] = row
         print(f"   {system.label:40} {fmt(row['tokens_per_s']):>20} {fmt(row['step_ms']):>22} "
-              f"{row['vs_transformers']:15.2f}x {row['of_floor']:9.0%}", flush=True)
+              f"{row['vs_transformers']:15.2f}x {row['vs_reference']:12.2f}x {row['of_floor']:9.0%}", flush=True)
     return rows
 
 
@@ -244,11 +249,14 @@ def main(argv=None) -> int:
         gc.collect()
         max_batch = max([1, *batch_sizes])
         common = dict(num_tokens=num_tokens, prompt_tokens=args.prompt_tokens)
-        systems = [engine_system(folder, d, f"minilm-engine, {d}", max_batch=max_batch, **common) for d in DTYPES]
+        systems = [engine_system(folder, d, f"minilm-engine {backend}, {d}", max_batch=max_batch,
+                                 model_backend=backend, **common)
+                   for d in DTYPES for backend in ("reference", "fused")]
         systems += [transformers_system(folder, d, **common) for d in DTYPES]
         print(f"checkpoint written, {len(systems)} systems loaded and warmed up in {time.perf_counter() - t0:.1f} s",
               flush=True)
         floor_bytes = {s.dtype: s.bytes_per_step for s in systems if s.kind == "minilm-engine"}
+        results["model_backends"] = {s.label: s.backend for s in systems if s.kind == "minilm-engine"}
 
         print(f"\n{results['model']}; {results['cpu']}; torch {torch.__version__}")
         print(f"{num_tokens} greedy tokens after a {args.prompt_tokens}-token prompt; median [min-max] of "

@@ -93,3 +93,26 @@ def test_step_cost_benchmark_reports_every_size(tmp_path):
     sizes = json.loads((tmp_path / "s.json").read_text())["sizes"]
     assert list(sizes) == ["4", "8"]
     assert all(s["min_ms"] <= s["median_ms"] <= s["max_ms"] and s["per_request_us"] > 0 for s in sizes.values())
+
+
+def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_floor(tmp_path):
+    out = run([sys.executable, "cpu_decode.py", "--quick", "--tokens", "4", "--repeats", "2", "--threads", "1",
+               "--json", str(tmp_path / "c.json")], ROOT / "benchmarks").stdout
+    assert "weight-read floor" in out and "1. batch-1 decode" in out and "2. decode at batch 4 and 16" in out, out
+    data = json.loads((tmp_path / "c.json").read_text())
+    engines = [f"minilm-engine {backend}, {dtype}" for dtype in ("bf16", "fp32") for backend in ("reference", "fused")]
+    hf = ["transformers.generate, bf16", "transformers.generate, fp32"]
+    assert list(data["batch1"]) == engines + hf
+    # the fused backend really ran (it did not fall back), and reads what the readable one reads
+    assert data["model_backends"] == {label: label.split()[1].rstrip(",") for label in engines}
+    assert data["floor"]["fp32"]["bytes_per_step"] == 2 * data["floor"]["bf16"]["bytes_per_step"]
+    for row in data["batch1"].values():
+        s = row["step_ms"]
+        assert s["min"] <= s["median"] <= s["max"] and len(row["runs_ms"]) == 2
+        assert row["vs_transformers"] > 0 and row["vs_reference"] > 0 and row["of_floor"] > 0
+    assert all(data["batch1"][label]["vs_transformers"] == 1.0 for label in hf)
+    bf16 = [label for label in engines + hf if label.endswith("bf16")]
+    assert list(data["batches"]) == bf16 and all(list(cells) == ["4", "16"] for cells in data["batches"].values())
+    # llama.cpp is not a dependency: without it the script says it skipped it and why
+    if data["llama_cpp"]["skipped"] is not None:
+        assert "llama.cpp: skipped: " in out
