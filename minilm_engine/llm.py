@@ -17,7 +17,7 @@ from .engine.config import EngineConfig
 from .device import resolve_device, resolve_dtype
 from .inputs import InputProcessor, PromptType
 from .models import load_model, resolve_model_path
-from .models.fused_cpu import apply_model_backend, packed_weight_bytes
+from .models.fused_cpu import apply_model_backend, fused_weight_bytes
 from .outputs import RequestOutput
 from .quantization import weight_bytes
 from .quantization.setup import setup_quantization
@@ -53,8 +53,8 @@ class LLM:
             strings; default: held-out noodle-shop text), kernel ("auto", "reference", "cpu",
             "triton").
         model_backend: "reference" (default: the readable decoder, `models/decoder.py`) or
-            "fused": on a CPU, q/k/v and gate/up fused into one matmul each over oneDNN-packed
-            weights (`models/fused_cpu.py`), built after loading; it warns and keeps the
+            "fused": on a CPU, q/k/v and gate/up fused into one matmul each (over oneDNN-packed
+            weights in bf16; `models/fused_cpu.py`), built after loading; it warns and keeps the
             readable model where it cannot run (a GPU, fp16, quantized projections).
     """
 
@@ -125,7 +125,7 @@ class LLM:
     @property
     def weight_bytes(self) -> int:
         """Bytes the weights take on the device (quantized codes, scales and offsets included)."""
-        return weight_bytes(self.model) + packed_weight_bytes(self.model)
+        return weight_bytes(self.model) + fused_weight_bytes(self.model)
 
     def __repr__(self) -> str:
         return (

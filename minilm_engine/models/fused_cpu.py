@@ -12,15 +12,19 @@ oneDNN does not pack, quantized projections) it warns with the reason and keeps 
     x ─ v_proj ─┘
     x ─ gate_proj ─┐                            x ─ gate_up_proj (one packed matmul) ─ split ─ g, u
     x ─ up_proj ───┴─ down(silu(g) * u)                          down(silu(g) * u)
-    o_proj, down_proj: F.linear                 o_proj, down_proj: packed
+    o_proj, down_proj: F.linear                 o_proj, down_proj: packed (bf16)
     lm_head at one row: F.linear                lm_head at one row: torch.mv (same tied weight)
+
+In bf16 every fused matmul runs over a weight packed once for oneDNN; in fp32 the fused
+weights stay plain matrices for `F.linear` (packing was slower there, below).
 
 Why: at batch 1 a decode step reads every weight once, so its floor is the weight bytes over
 the memory bandwidth.  On an AVX-512 CPU torch's bf16 `F.linear` of one row streams ~16 GB/s
 while a large copy runs ~27 GB/s; the same matmul over a weight packed once into oneDNN's
 blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, what `torch.compile`'s CPU freezing
 does) streams ~24 GB/s, and one matmul instead of three (or two) saves the small calls between
-them.  The tied LM head keeps its one copy (packing it would hold a second 311 MB table for
+them.  In fp32 `F.linear` already streams at copy bandwidth and the packed matmul was ~7%
+slower, so fp32 gains only the fusion.  The tied LM head keeps its one copy (packing it would hold a second 311 MB table for
 Qwen3-0.6B): at one row `torch.mv` reads it ~1.4x faster than `F.linear`.
 """
 
@@ -39,25 +43,29 @@ MODEL_BACKENDS = ("reference", "fused")
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
-class PackedLinear(nn.Module):
-    """y = x W^T + b with W (out, in) held in oneDNN's packed layout: one or more `nn.Linear`s of
-    the same input, concatenated along their outputs.  Inference only (no gradient flows).
+class FusedLinear(nn.Module):
+    """y = x W^T + b for one or more `nn.Linear`s of the same input, concatenated along their
+    outputs, as one matmul.  Inference only (no gradient flows).
 
-    The packed weight is opaque (no storage a caller can read); `num_weight_bytes` says what it
-    holds (bias included), for `LLM.weight_bytes`."""
+    In bf16 the weight is packed into oneDNN's blocked layout (opaque: no storage a caller can
+    read); in fp32 it stays a plain matrix for `F.linear`, because there packing measured ~7%
+    slower at one row (MKL's fp32 matrix-vector product already streams at copy bandwidth).
+    `num_weight_bytes` says what it holds (bias included), for `LLM.weight_bytes`."""
 
     def __init__(self, linears: list[nn.Linear]):
         super().__init__()
         weight = torch.cat([lin.weight.detach() for lin in linears])  # (sum of out, in)
         biases = [lin.bias for lin in linears]
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        # Packed for one row (decode); measured as fast as any other hint at 4, 16 and 512 rows.
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self.num_weight_bytes = sum(t.numel() * t.element_size() for t in (weight, self.bias) if t is not None)
+        self.packed = weight.dtype == torch.bfloat16
+        # Packed for one row (decode); measured as fast as any other hint at 4, 16 and 512 rows.
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if self.packed else weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
 
 
 class FusedAttention(nn.Module):
@@ -67,8 +75,8 @@ class FusedAttention(nn.Module):
         super().__init__()
         self.layer_idx = attn.layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        self.qkv_proj = PackedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o_proj = PackedLinear([attn.o_proj])
+        self.qkv_proj = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o_proj = FusedLinear([attn.o_proj])
         self.split = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim)
         self.q_norm = getattr(attn, "q_norm", None)
         self.k_norm = getattr(attn, "k_norm", None)
@@ -92,8 +100,8 @@ class FusedMLP(nn.Module):
     def __init__(self, mlp: MLP):
         super().__init__()
         self.intermediate_size = mlp.gate_proj.out_features
-        self.gate_up_proj = PackedLinear([mlp.gate_proj, mlp.up_proj])
-        self.down_proj = PackedLinear([mlp.down_proj])
+        self.gate_up_proj = FusedLinear([mlp.gate_proj, mlp.up_proj])
+        self.down_proj = FusedLinear([mlp.down_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -157,6 +165,7 @@ def apply_model_backend(model: CausalLM, backend: str) -> str:
     return backend
 
 
-def packed_weight_bytes(model: nn.Module) -> int:
-    """Bytes held in packed weights (opaque to `quantization.weight_bytes`, which reads storages)."""
-    return sum(m.num_weight_bytes for m in model.modules() if isinstance(m, PackedLinear))
+def fused_weight_bytes(model: nn.Module) -> int:
+    """Bytes held in fused weights (not parameters, and packed ones are opaque: invisible to
+    `quantization.weight_bytes`)."""
+    return sum(m.num_weight_bytes for m in model.modules() if isinstance(m, FusedLinear))
