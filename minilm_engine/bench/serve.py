@@ -225,19 +225,23 @@ async def send_request(client, config: BenchConfig, request: BenchRequest) -> Re
         result.num_output_tokens = len(result.chunk_times)
     result.success = bool(result.chunk_times)
     if not result.success:
-        result.error = "the server answered no text"
+        result.error = NO_TEXT
     return result
+
+
+NO_TEXT = "the server answered no text"
 
 
 async def initial_test(client, config: BenchConfig, request: BenchRequest, retry_interval_s: float = 1.0) -> RequestResult:
     """Send `request` once, alone, before a timed run (as vLLM does).  While the server cannot
     answer (not reachable yet, a 5xx while it loads) it is retried until `config.ready_timeout_s`;
-    any other failure (a 4xx, an answer with no text), or none by then, raises ValueError: the
-    run would measure only failures."""
+    any other failure (a 4xx, a broken stream), or none by then, raises ValueError: the run would
+    measure only failures.  A complete answer with no text passes: a sampled model may end on its
+    first token, and that says nothing against the server or the arguments."""
     deadline = time.monotonic() + config.ready_timeout_s
     while True:
         result = await send_request(client, config, request)
-        if result.success:
+        if result.success or (result.http_status == 200 and not result.chunk_times and result.error == NO_TEXT):
             return result
         not_up = result.http_status is None or result.http_status >= 500
         if not not_up or time.monotonic() + retry_interval_s > deadline:
