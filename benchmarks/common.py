@@ -7,6 +7,12 @@ import time
 
 import torch
 
+# The real shape the CPU benchmarks measure (random weights), and the tiny variant of --quick.
+QWEN3_0_6B = "Qwen/Qwen3-0.6B"
+QUICK_OVERRIDES = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+                       bos_token_id=1, eos_token_id=2)
+
 
 def add_threads_option(parser: argparse.ArgumentParser, default: int = 1, why: str | None = None) -> None:
     parser.add_argument(

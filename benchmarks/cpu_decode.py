@@ -42,17 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from common import add_threads_option, apply_threads_option
+from common import QUICK_OVERRIDES, QWEN3_0_6B, add_threads_option, apply_threads_option
 
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.experiments.batching import measure_copy_bandwidth
 from minilm_engine.experiments.quantization import write_random_qwen3
 from minilm_engine.models.known_configs import KNOWN_CONFIGS
 
-MODEL_ID = "Qwen/Qwen3-0.6B"
-QUICK_OVERRIDES = dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
-                       bos_token_id=1, eos_token_id=2)
+MODEL_ID = QWEN3_0_6B
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 

@@ -21,8 +21,8 @@ from minilm_engine import LLM, SamplingParams, __version__
 from minilm_engine.cli import build_parser
 from minilm_engine.entrypoints.openai import ServerThread
 from minilm_engine.models.loader import CHECKPOINTS_DIR
+from test_entrypoints_parsing import MODEL, client, server  # noqa: F401  (fixtures: one server per module)
 
-MODEL = "noodle-apprentice"
 PROMPTS = ["Order for table 7:\n", "Receipt #7061\n", "Shop diary, 12 March\n"]
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Two bowls, please."}], "max_tokens": 10,
         "temperature": 0}
@@ -32,17 +32,6 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Two bowls, ple
 def llm():
     """The reference: each prompt alone."""
     return LLM(MODEL, device="cpu", strategy="kv_cache")
-
-
-@pytest.fixture(scope="module")
-def server():
-    with ServerThread(LLM(MODEL, device="cpu", record_trace=False)) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def alone(llm, prompt, max_tokens):
