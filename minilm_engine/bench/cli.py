@@ -28,6 +28,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from ..cli_types import json_object
 from .datasets import BenchRequest, jsonl_requests, noodle_requests
 from .metrics import LATENCY_METRICS, parse_metric_names, parse_percentiles, parse_slo
 from .serve import ENDPOINTS, BenchConfig, BenchResult, json_rate, percentile_word, run_benchmark, sweep
@@ -108,16 +109,6 @@ def _rate(text: str) -> float:
     return value
 
 
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
-
-
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench = subparsers.add_parser("bench", help="benchmarks (bench serve: load-test an OpenAI-compatible server)")
     kinds = bench.add_subparsers(dest="bench_command", required=True)
@@ -166,7 +157,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     sampling.add_argument("--ignore-eos", action="store_true", help="ask for exactly max_tokens (vLLM extension; "
                                                                     "always on with --dataset-name random, as in vLLM)")
     sampling.add_argument("--no-stream", action="store_true", help="ask for whole answers (TTFT = E2E: what the user waits)")
-    sampling.add_argument("--extra-body", type=_json_object, default=None, help="JSON merged into every request body")
+    sampling.add_argument("--extra-body", type=json_object, default=None, help="JSON merged into every request body")
     out = p.add_argument_group("the result")
     out.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS", help="SLOs, e.g. ttft:500 tpot:50")
     out.add_argument("--percentile-metrics", default=",".join(LATENCY_METRICS),

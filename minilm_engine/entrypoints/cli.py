@@ -8,11 +8,11 @@ until Ctrl-C, returning 2 with the reason on bad arguments.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
+from ..cli_types import json_object
 from ..device import cpu_threads_for
 from ..llm import LLM
 from . import DEFAULT_HOST
@@ -34,7 +34,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--attention-backend", default=None, choices=["auto", "torch", "triton"])
     parser.add_argument("--enforce-eager", action="store_true", default=None)
-    parser.add_argument("--speculative-config", type=_json_object, default=None,
+    parser.add_argument("--speculative-config", type=json_object, default=None,
                         help='speculative decoding, as vLLM spells it: \'{"model": "noodle-apprentice", '
                              '"num_speculative_tokens": 3}\'')
     parser.add_argument("--threads", type=int, default=None,
@@ -44,16 +44,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory",
                  "gpu_memory_utilization", "enable_prefix_caching", "enable_chunked_prefill",
                  "attention_backend", "enforce_eager", "speculative_config")
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
 
 
 def llm_from_args(args: argparse.Namespace) -> LLM:
