@@ -129,39 +129,40 @@ def batch_tokens_per_s(llm: LLM, batch_size: int, num_tokens: int, device) -> fl
     return batch_size * num_tokens / (time.perf_counter() - start)
 
 
-def step_and_prefill_ms(llm: LLM, batch_size: int, num_tokens: int, prefill_tokens: int) -> tuple[float, float]:
-    """(decode step ms at `batch_size`, prefill ms of one `prefill_tokens` prompt).
-
-    The step is the median over the batch's requests of their mean gap between tokens (they
-    decode together, so a gap is one step); the prefill is one request's time to first token."""
+def decode_step_ms(llm: LLM, batch_size: int, num_tokens: int) -> float:
+    """The median over the batch's requests of their mean gap between tokens (they decode
+    together, so a gap is one step)."""
     params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
     prompts = [f"Order for table {i}:" for i in range(batch_size)]
     outs = llm.generate(prompts, params, use_tqdm=False)
-    step = statistics.median(o.metrics.tpot for o in outs) * 1e3
+    return statistics.median(o.metrics.tpot for o in outs) * 1e3
+
+
+def prefill_ms(llm: LLM, prefill_tokens: int) -> float:
+    """One request's time to first token for a `prefill_tokens` prompt."""
     ids = [(i * 7919) % 1000 + 10 for i in range(prefill_tokens)]  # any valid ids: no prefix-cache hits
     (out,) = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-    return step, out.metrics.ttft * 1e3
+    return out.metrics.ttft * 1e3
 
 
 def batch_table(folders: dict[str, Path], batch_sizes: list[int], num_tokens: int, prefill_tokens: int,
                 repeats: int) -> dict:
     """Part 3: {setting: {"step_ms": {B: [runs]}, "prefill_ms": [runs]}} for bf16, int8, int4."""
-    settings = {"bf16": None, **{label: scheme for label, (scheme, _) in SCHEMES.items()}}
+    order = ["bf16", *SCHEMES]
     engines = {}
-    for label in settings:
-        engines[label] = LLM(folders["bf16"] if label == "bf16" else folders[label], dtype="bfloat16",
-                             max_num_seqs=max(batch_sizes), record_trace=False, enable_prefix_caching=False,
-                             kv_cache_memory=512 << 20)
-        step_and_prefill_ms(engines[label], max(batch_sizes), 3, 16)  # warm-up
-    runs = {label: {"step_ms": {b: [] for b in batch_sizes}, "prefill_ms": []} for label in settings}
-    order = list(settings)
+    for label in order:
+        engines[label] = LLM(folders[label], dtype="bfloat16", max_num_seqs=max(batch_sizes), record_trace=False,
+                             enable_prefix_caching=False, kv_cache_memory=512 << 20)
+        decode_step_ms(engines[label], max(batch_sizes), 3)  # warm-up
+        prefill_ms(engines[label], 16)
+    runs = {label: {"step_ms": {b: [] for b in batch_sizes}, "prefill_ms": []} for label in order}
     for r in range(repeats):
+        rotated = order[r % len(order):] + order[: r % len(order)]  # rotate who goes first
         for b in batch_sizes:
-            for label in order[r % len(order):] + order[: r % len(order)]:  # rotate who goes first
-                step, prefill = step_and_prefill_ms(engines[label], b, num_tokens, prefill_tokens)
-                runs[label]["step_ms"][b].append(step)
-                if b == batch_sizes[0]:
-                    runs[label]["prefill_ms"].append(prefill)
+            for label in rotated:
+                runs[label]["step_ms"][b].append(decode_step_ms(engines[label], b, num_tokens))
+        for label in rotated:
+            runs[label]["prefill_ms"].append(prefill_ms(engines[label], prefill_tokens))
     return runs
 
 

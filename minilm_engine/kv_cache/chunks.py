@@ -51,12 +51,11 @@ def flatten_chunks(
     query_start_loc = [0]
     context_lens: list[int] = []
     for chunk in chunks:
-        end = chunk.start + len(chunk.token_ids)
         input_ids += chunk.token_ids
-        positions += range(chunk.start, end)
-        slots += slot_mapping(chunk.block_table, block_size, chunk.start, end)
+        positions += range(chunk.start, chunk.end)
+        slots += slot_mapping(chunk.block_table, block_size, chunk.start, chunk.end)
         query_start_loc.append(len(input_ids))
-        context_lens.append(end)
+        context_lens.append(chunk.end)
     width = max(len(c.block_table) for c in chunks)
 
     def as_tensor(values) -> torch.Tensor:

@@ -150,9 +150,7 @@ class CPUKernel:
         start, stop, _ = (rows or slice(0, N)).indices(N)
         if layer.scheme == "int8":
             dtype = dtype or layer.scales.dtype
-            w = self.scratch((stop - start) * K, dtype).view(stop - start, K)
-            w.copy_(layer.qweight[start:stop])
-            return w.mul_(layer.scales[start:stop, None].to(dtype))
+            return self._int8_codes(layer, slice(start, stop), dtype).mul_(layer.scales[start:stop, None].to(dtype))
         scales, zeros = layer.cpu_scales_and_zeros.unbind(-1)  # (G, N_padded) each
         dtype = dtype or scales.dtype
         if layer.cpu_block_n is None:
@@ -168,6 +166,11 @@ class CPUKernel:
         groups = codes.view(stop - start, num_groups, -1)  # (n, G, group)
         groups.sub_(8).mul_(scales.t()[start:stop, :, None].to(dtype)).add_(zeros.t()[start:stop, :, None].to(dtype))
         return codes[:, :K]
+
+    def _int8_codes(self, layer, rows: slice, dtype: torch.dtype) -> torch.Tensor:
+        """(n, K) the int8 codes of `rows` as `dtype`, in the scratch (small integers: exact)."""
+        w = self.scratch((rows.stop - rows.start) * layer.in_features, dtype).view(-1, layer.in_features)
+        return w.copy_(layer.qweight[rows])
 
     def _dequantize_through_operator(self, layer, dtype: torch.dtype) -> torch.Tensor:
         """(N, K): the operator applied to the identity gives W.T, whatever its packing."""
@@ -200,6 +203,8 @@ class CPUKernel:
         """(M, K) -> (M, N): dequantize a tile of rows into the scratch, one matmul per tile."""
         N, K = layer.out_features, layer.in_features
         tile = max(INT4_ROW_PAD, SCRATCH_MAX_ELEMENTS // max(K, 1) // INT4_ROW_PAD * INT4_ROW_PAD)
+        if layer.scheme == "int4" and layer.cpu_block_n is None:
+            tile = N  # an unknown packing is read whole, through the operator: no tile is cheaper
         if tile >= N:
             return self._tile_matmul(layer, x, slice(0, N))
         y = torch.empty(x.shape[0], N, dtype=x.dtype)
@@ -210,9 +215,7 @@ class CPUKernel:
 
     def _tile_matmul(self, layer, x: torch.Tensor, rows: slice) -> torch.Tensor:
         if layer.scheme == "int8":
-            # Codes are small integers, exact in any float dtype; the scale is per output row,
-            # so it multiplies the (M, n) product instead of the (n, K) weight.
-            w = self.scratch((rows.stop - rows.start) * layer.in_features, x.dtype).view(-1, layer.in_features)
-            w.copy_(layer.qweight[rows])
-            return F.linear(x, w) * layer.scales[rows].to(x.dtype)
+            # The scale is per output row, so it multiplies the (M, n) product instead of the
+            # (n, K) weight.
+            return F.linear(x, self._int8_codes(layer, rows, x.dtype)) * layer.scales[rows].to(x.dtype)
         return F.linear(x, self.dequantize(layer, x.dtype, rows))
