@@ -66,6 +66,13 @@ def _step_time_ms(model: str, gpu: str, batch: int, context: int, bytes_per_elem
     return 1e3 * _cost_model(model, gpu, bytes_per_element).floor_s(batch, context)
 
 
+def _attention_crossover(model: str, causal: bool) -> float:
+    """Chapter 04's T*: the prompt length where attention's FLOPs equal the linear layers'."""
+    from ..experiments.prefill import attention_crossover_tokens
+
+    return attention_crossover_tokens(known_config(model), causal)
+
+
 FORMULAS: dict[str, Callable[..., float]] = {
     "kv_kib_per_token": lambda model, bytes_per_element=2: _kv_bytes(model, bytes_per_element) / 1024,
     "kv_gib": lambda model, tokens, bytes_per_element=2: tokens * _kv_bytes(model, bytes_per_element) / GiB,
@@ -87,9 +94,15 @@ FORMULAS: dict[str, Callable[..., float]] = {
         GPUS[gpu]["flops"] / GPUS[gpu]["bandwidth"] * bytes_per_element / 2
     ),
     "prefill_tflops": lambda model, tokens: 2 * known_config(model).num_parameters() * tokens / 1e12,
-    "quadratic_crossover_tokens": lambda model: (
-        known_config(model).num_parameters()
-        / (2 * known_config(model).num_hidden_layers * known_config(model).num_attention_heads * known_config(model).head_dim)
+    "quadratic_crossover_tokens": lambda model, causal=True: _attention_crossover(model, causal),
+    "matvec_flops_per_byte": lambda bytes_per_element=2: 2 / bytes_per_element,
+    "tokens_per_round": lambda alpha, k: (1 - alpha ** (k + 1)) / (1 - alpha),
+    "spec_speedup": lambda alpha, k, draft_cost, verify_cost=1.0: (
+        (1 - alpha ** (k + 1)) / (1 - alpha) / (k * draft_cost + verify_cost)
+    ),
+    "concurrency": lambda rate_per_s, latency_s: rate_per_s * latency_s,
+    "cost_per_million_busy": lambda price_per_hour, tokens_per_second, utilization: (
+        price_per_hour / utilization / (tokens_per_second * 3600) * 1e6
     ),
     "gqa_ratio": lambda model: known_config(model).num_attention_heads / known_config(model).num_key_value_heads,
     "blocks": lambda tokens, block_size: math.ceil(tokens / block_size),
