@@ -79,7 +79,7 @@ def test_decode_speed_table_pairs_every_run_with_a_baseline_run(monkeypatch):
     settings = [Setting("fp32"), Setting("int8", "int8"), Setting("int4 g32", "int4", {"group_size": 32})]
     rows = decode_speed_table("noodle-apprentice", settings, num_tokens=3, repeats=3)
     assert [r["setting"] for r in rows] == ["fp32", "int8", "int4 g32"]
-    assert [len(r["runs"]) for r in rows] == [3, 3, 3] and [len(r["ratios"]) for r in rows] == [3, 3, 3]
+    assert [len(r["runs"]) for r in rows] == [3, 3, 3] and [len(r["ratios"]) for r in rows] == [1, 3, 3]  # the baseline is its own ratio
     assert rows[0]["speedup"] == 1.0 and rows[0]["kernel"] == "-" and rows[1]["kernel"] != "-"
     # a run right after its baseline run sees twice the load: ratio = bytes ratio / 2, each pair
     for r in rows[1:]:
