@@ -37,7 +37,12 @@ DRILLS_DIR = Path(__file__).parent / "drills"
 KINDS = ("concept", "numeric", "what-if", "debug")
 GiB = 1 << 30
 
-# Datasheet rates the numeric questions assume (bf16 dense, HBM bandwidth).
+# Datasheet rates the numeric questions assume (bf16/fp16 dense tensor FLOP/s, memory bandwidth),
+# quoted, not measured here:
+#   H100 SXM5: 989 TFLOP/s, 3.35 TB/s  https://glennklockwood.com/garden/processors/h100 (NVIDIA, 2022)
+#   A100 80GB: 312 TFLOP/s, 2.0 TB/s   https://glennklockwood.com/garden/processors/A100 (NVIDIA, 2020)
+#   L4: 242 sparse = 121 dense, 300 GB/s  https://grokipedia.com/page/NVIDIA_L4_vs_L40S (NVIDIA, 2023)
+#   T4: 65 TFLOP/s fp16, 320 GB/s       https://sysrqmts.com/gpus/compare/nvidia-a100-sxm4-40-gb-vs-nvidia-tesla-t4 (2018)
 GPUS = {
     "H100": {"flops": 989e12, "bandwidth": 3.35e12, "memory_gib": 80},
     "A100": {"flops": 312e12, "bandwidth": 2.0e12, "memory_gib": 80},
