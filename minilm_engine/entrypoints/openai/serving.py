@@ -40,12 +40,14 @@ from .protocol import (
 
 
 class APIError(Exception):
-    """An error answered to the client as {"error": {message, type, param, code}}."""
+    """An error answered to the client as {"error": {message, type, param, code}}, with
+    `headers` added to the answer (a 429's Retry-After and x-ratelimit-*)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):
+                 type: str = "invalid_request_error", headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
