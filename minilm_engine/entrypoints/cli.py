@@ -114,6 +114,10 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"[{llm}, torch threads: {torch.get_num_threads()}]", file=sys.stderr)
+    engine = llm.engine
+    print(engine.kv_budget.describe((1, engine.config.max_num_seqs)), file=sys.stderr)
+    print(f"  max_model_len: {llm.max_model_len:,}"
+          f" ({llm.input_processor.max_model_len_reason or 'the architecture'})", file=sys.stderr)
     from .openai.api_server import serve  # FastAPI and uvicorn: the "serve" extra
 
     print(f"[serving on http://{args.host}:{args.port}/v1, Ctrl-C to stop]", file=sys.stderr)

@@ -113,7 +113,8 @@ class OpenAIServing:
                 400,
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {request.num_prompt_tokens + max_tokens} tokens ({request.num_prompt_tokens} "
-                f"in the prompt, {max_tokens} for the completion). Reduce the prompt or max_tokens.",
+                f"in the prompt, {max_tokens} for the completion{self.engine.llm.input_processor.context_note()}). "
+                f"Reduce the prompt or max_tokens.",
                 "max_tokens", "context_length_exceeded",
             )
         return request
