@@ -59,9 +59,9 @@ class TokenBucket:
     """Invariant: 0 <= level <= capacity at every clock time (refill never overfills, admission
     never takes more than is there, a refund is capped at the capacity)."""
 
-    def __init__(self, capacity: int, now: float):
+    def __init__(self, capacity: int, now: float, period_s: float = SECONDS_PER_MINUTE):
         self.capacity = capacity
-        self.rate = capacity / SECONDS_PER_MINUTE  # units per second
+        self.rate = capacity / period_s  # units per second
         self.level = float(capacity)  # a new key starts with a full minute's budget
         self.updated = now
 
@@ -152,14 +152,18 @@ class _KeyState:
 @dataclass
 class RateLimiter:
     """Buckets per API key.  `keys`: limits per key (a keys file); None: every key (and no key,
-    "") gets `default_limits`.  Thread-safe (the routes run on one event loop, but a lock costs
-    nothing and keeps it safe from any caller)."""
+    "") gets `default_limits`.  `period_s`: the time a limit counts over, 60 s as its name says
+    (a chapter shortens it so that a spike of traffic resolves in seconds, not minutes).
+    Thread-safe (the routes run on one event loop, but a lock costs nothing)."""
 
     default_limits: RateLimits = field(default_factory=RateLimits)
     keys: dict[str, RateLimits] | None = None
     clock: Callable[[], float] = time.monotonic
+    period_s: float = SECONDS_PER_MINUTE
 
     def __post_init__(self) -> None:
+        if not self.period_s > 0:
+            raise ValueError(f"period_s must be > 0, got {self.period_s}")
         self._states: dict[str, _KeyState] = {}
         self._lock = threading.Lock()
 
@@ -182,10 +186,9 @@ class RateLimiter:
         state = self._states.get(key)
         if state is None:
             limits = self.limits_for(key)
-            state = _KeyState(
-                None if limits.requests_per_minute is None else TokenBucket(limits.requests_per_minute, now),
-                None if limits.tokens_per_minute is None else TokenBucket(limits.tokens_per_minute, now),
-            )
+            rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
+            state = _KeyState(None if rpm is None else TokenBucket(rpm, now, self.period_s),
+                              None if tpm is None else TokenBucket(tpm, now, self.period_s))
             self._states[key] = state
         for bucket in (state.requests, state.tokens):
             if bucket is not None:
