@@ -109,3 +109,19 @@ def test_under_a_token_limit_a_spike_is_partly_lost_by_a_naive_client_and_comple
     assert copes["completed"] == 12 and copes["failed"] == 0
     assert copes["retries"] >= naive["failed"] and copes["429s seen"] == copes["retries"]
     assert copes["mean wait s"] > 0 and copes["E2E p99 ms"] > naive["E2E p50 ms"]  # waiting costs latency
+
+
+def test_bench_serve_waits_out_a_used_up_key_before_it_starts_and_retries_in_the_run():
+    from minilm_engine import LLM
+    from minilm_engine.bench.datasets import noodle_requests
+    from minilm_engine.bench.serve import BenchConfig, run_benchmark
+    from minilm_engine.entrypoints.openai import ServerThread
+    from minilm_engine.entrypoints.rate_limit import RateLimiter, RateLimits
+
+    limiter = RateLimiter(RateLimits(requests_per_minute=2), period_s=1.0)  # 2 requests a second
+    with ServerThread(LLM("noodle-apprentice", device="cpu", record_trace=False), rate_limiter=limiter) as server:
+        limiter.admit("", 0), limiter.admit("", 0)  # the (anonymous) key is used up now
+        config = BenchConfig(base_url=server.url, model="noodle-apprentice", initial_test=True, ready_timeout_s=10,
+                             max_retries=10, retry_base_delay_s=0.05)
+        result = run_benchmark(config, noodle_requests(4, 4), progress=False)
+    assert result.metrics.num_completed == 4 and sum(r.num_retries for r in result.results) >= 1

@@ -152,3 +152,42 @@ def test_serve_refuses_a_keys_file_that_does_not_parse(tmp_path, capsys):
     assert "not both" in capsys.readouterr().err
     assert main(["serve", "--rate-limit-tpm", "0"]) == 2
     assert "--rate-limit-tpm" in capsys.readouterr().err
+
+
+def test_chat_and_multi_prompt_completions_are_limited_by_what_they_reserve(served):
+    key = "multi-key"
+    body = {"model": MODEL, "prompt": [SMALL, SMALL, SMALL], "max_tokens": 100, "temperature": 0, "ignore_eos": True}
+    reply = httpx.post(served.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"},
+                       timeout=60)
+    assert reply.status_code == 200
+    left = TPM - 3 * (num_tokens(served, SMALL) + 100)  # one request, three prompts' reservations
+    assert reply.headers["x-ratelimit-remaining-tokens"] == str(left)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Two, please."}], "max_tokens": left + 50}
+    refused = httpx.post(served.url + "/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {key}"},
+                         timeout=60)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert "retry-after" in refused.headers  # it fits the limit, not what is left of it now
+    chat["max_tokens"] = 5
+    answered = httpx.post(served.url + "/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {key}"},
+                          timeout=60)
+    assert answered.status_code == 200 and "x-ratelimit-remaining-tokens" in answered.headers
+
+
+def test_a_request_the_server_failed_is_refunded(monkeypatch):
+    limiter = RateLimiter(RateLimits(requests_per_minute=10, tokens_per_minute=TPM), clock=Clock())
+    llm = LLM("noodle-apprentice", device="cpu", record_trace=False)
+    with ServerThread(llm, rate_limiter=limiter) as server:
+        real_step, calls = llm.engine.step_requests, []
+
+        def failing_once():
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("simulated device failure")
+            return real_step()
+
+        monkeypatch.setattr(llm.engine, "step_requests", failing_once)
+        assert post(server, "k", SMALL, 20).status_code == 500
+        status = limiter.status("k")
+        assert (status.tokens.remaining, status.requests.remaining) == (TPM, 10)  # all back
+        assert post(server, "k", SMALL, 20).status_code == 200
+        assert limiter.status("k").requests.remaining == 9

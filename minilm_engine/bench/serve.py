@@ -250,8 +250,9 @@ NO_TEXT = "the server answered no text"
 
 async def initial_test(client, config: BenchConfig, request: BenchRequest, retry_interval_s: float = 1.0) -> RequestResult:
     """Send `request` once, alone, before a timed run (as vLLM does).  While the server cannot
-    answer (not reachable yet, a 5xx while it loads) it is retried until `config.ready_timeout_s`;
-    any other failure (a 4xx, a broken stream), or none by then, raises ValueError: the run would
+    answer (not reachable yet, a 5xx while it loads, a 429: the key's limit is used up for now) it
+    is retried until `config.ready_timeout_s`, after the server's Retry-After if it sent one; any
+    other failure (a 4xx, a broken stream), or none by then, raises ValueError: the run would
     measure only failures.  A complete answer with no text passes: a sampled model may end on its
     first token, and that says nothing against the server or the arguments."""
     deadline = time.monotonic() + config.ready_timeout_s
@@ -259,11 +260,12 @@ async def initial_test(client, config: BenchConfig, request: BenchRequest, retry
         result = await send_request(client, config, request)
         if result.success or (result.http_status == 200 and not result.chunk_times and result.error == NO_TEXT):
             return result
-        not_up = result.http_status is None or result.http_status >= 500
-        if not not_up or time.monotonic() + retry_interval_s > deadline:
+        not_up = result.http_status is None or result.http_status >= 500 or result.http_status == 429
+        wait = max(retry_interval_s, result.retry_after_s or 0.0)
+        if not not_up or time.monotonic() + wait > deadline:
             raise ValueError(f"the initial test request failed, so the benchmark did not start (check "
                              f"--base-url, --model and the other arguments): {result.error}")
-        await asyncio.sleep(retry_interval_s)
+        await asyncio.sleep(wait)
 
 
 async def _gather_limited(limit: asyncio.Semaphore | None, coroutines: list) -> list:
