@@ -35,8 +35,11 @@ def start_server(model: str | None = None, device: str | None = None, **engine_a
     return ServerThread(llm).start()
 
 
-def model_name(server: ServerThread) -> str:
-    """The name the server answers to (the model as it was given, like vLLM's)."""
+def model_name(server) -> str:
+    """The name the server answers to (the model as it was given, like vLLM's), for an
+    in-process `ServerThread` or a `ServerProcess` (experiments/outside_view.py)."""
+    if hasattr(server, "served_name"):
+        return server.served_name
     return server.app.state.serving.served_model_names[0]
 
 
