@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
+from minilm_engine.experiments import outside_view
 from minilm_engine.experiments.outside_view import ServerProcess, stable_prefix_first, ttft_by_prompt_length
 from minilm_engine.models.loader import resolve_model_path
 
@@ -44,3 +45,8 @@ def test_stable_text_first_is_found_in_the_prefix_cache(server, tokenizer):
     assert abs(table.loc["stable first", "prompt tokens"] - table.loc["question first", "prompt tokens"]) <= 4
     with pytest.raises(ValueError, match="num_requests"):
         stable_prefix_first(server, tokenizer, num_requests=1)
+
+
+def test_capacity_is_the_rate_of_a_burst(server):
+    rate = outside_view.capacity(server, num_requests=4, output_len=4)
+    assert 0 < rate < 1000

@@ -7,6 +7,7 @@ talks to it through `bench.serve.send_request` (the load generator's own request
 and `/metrics` (the engine's Prometheus counters), and returns a plain pandas table.
 
     ServerProcess            start `minilm-engine serve ...`, wait for /health, read /metrics, stop
+    capacity                 requests/s it completes when they all arrive at once (the queue's onset)
     ttft_by_prompt_length    TTFT of prompts of rising length (fresh text each time, no cache hit)
     stable_prefix_first      the same requests with the shared text first or last: prefix-cache
                              hits and TTFT, interleaved request by request
@@ -28,8 +29,8 @@ import httpx
 import numpy as np
 import pandas as pd
 
-from ..bench.datasets import BenchRequest
-from ..bench.serve import BenchConfig, run_sync, send_request
+from ..bench.datasets import BenchRequest, noodle_requests
+from ..bench.serve import BenchConfig, run_benchmark, run_sync, send_request
 from ..data.noodle_corpus import generate_documents
 from ..entrypoints.openai.api_server import free_port
 from .prefill import corpus_token_ids
@@ -227,3 +228,16 @@ def stable_prefix_first(server: ServerProcess, tokenizer, stable_tokens: int = 2
     table = pd.DataFrame(rows)
     table.attrs["ttft_seconds"] = {name: s["ttft"][1:] for name, s in stats.items()}
     return table
+
+
+def capacity(server, num_requests: int = 32, output_len: int = 32, seed: int = 0) -> float:
+    """Requests per second the server completes when `num_requests` noodle-shop requests
+    (`output_len` tokens each) are all sent at once: the rate past which a queue builds.
+    Chapters set their background traffic as fractions of it, so "busy" means the same on a
+    laptop and on a slower CI machine."""
+    config = BenchConfig(base_url=server.url, model=server.served_name, ignore_eos=True, seed=seed)
+    result = run_benchmark(config, noodle_requests(num_requests, output_len=output_len, seed=seed), progress=False)
+    failed = [r.error for r in result.results if not r.success]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {num_requests} requests failed, e.g. {failed[0]}")
+    return result.metrics.request_throughput
