@@ -16,6 +16,7 @@ from .request import Request
 from .sampling_params import SamplingParams
 
 PromptType = str | dict[str, Any]
+SET_BY_CALLER = "set by the caller"  # a max_model_len_reason: the engine keeps it as it is
 
 
 class InputProcessor:
@@ -27,7 +28,7 @@ class InputProcessor:
         eos_token_ids: tuple[int, ...],
         device: torch.device,
         seed: int = 0,
-        max_model_len_reason: str | None = "set by the caller",
+        max_model_len_reason: str | None = SET_BY_CALLER,
     ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -79,9 +80,9 @@ class InputProcessor:
         )
 
     def context_note(self) -> str:
-        """", max_model_len derived from the KV cache: ..." where that is why it is what it is."""
+        """The "; max_model_len derived from the KV cache: ..." of an error, when the pool set it."""
         reason = self.max_model_len_reason
-        return "" if reason is None or reason == "set by the caller" else f"; max_model_len {reason}"
+        return "" if reason in (None, SET_BY_CALLER) else f"; max_model_len {reason}"
 
     def default_seed(self, request_id: str) -> int:
         """The seed of a request whose SamplingParams have none: a function of the engine's seed

@@ -15,7 +15,7 @@ import torch
 
 from .engine.config import EngineConfig
 from .device import resolve_device, resolve_dtype
-from .inputs import InputProcessor, PromptType
+from .inputs import SET_BY_CALLER, InputProcessor, PromptType
 from .models import load_model, resolve_model_path
 from .models.fused_cpu import apply_model_backend, fused_weight_bytes
 from .outputs import RequestOutput
@@ -105,7 +105,7 @@ class LLM:
         self.strategy_name = strategy
         self.input_processor = InputProcessor(
             self.tokenizer, self.config.vocab_size, self.max_model_len, self.eos_token_ids, self.device, seed,
-            max_model_len_reason=None if max_model_len is None else "set by the caller",
+            max_model_len_reason=None if max_model_len is None else SET_BY_CALLER,
         )
         self._num_requests = 0  # ids "0", "1", ... of requests accepted so far
         self.strategy: Strategy = STRATEGIES[strategy](

@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 from minilm_engine.bench.cli import add_bench_parser, config_from_args
 from minilm_engine.bench.client import RetryPolicy, backoff_delay, retry_after_of, with_retries
 from minilm_engine.bench.metrics import RequestResult
-from minilm_engine.experiments.client_view import client_view
+from minilm_engine import LLM
+from minilm_engine.bench.datasets import noodle_requests
+from minilm_engine.bench.serve import BenchConfig, run_benchmark
+from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.entrypoints.rate_limit import RateLimiter, RateLimits
+from minilm_engine.experiments.client_view import client_view, spike_table
 
 
 @given(attempt=st.integers(0, 20), retry_after=st.one_of(st.none(), st.floats(0, 100)),
@@ -100,24 +105,16 @@ def test_bench_serve_takes_the_retry_flags():
         config_from_args(parser.parse_args(["bench", "serve", "--model", "m", "--max-retries", "-1"]))
 
 
-def test_under_a_token_limit_a_spike_is_partly_lost_by_a_naive_client_and_completed_by_one_that_copes():
-    table = client_view(num_requests=12, max_tokens=8, tokens_per_period=120, period_s=1.0, max_retries=20,
-                        device="cpu")
+def check_spike(table, num_requests: int) -> None:
     naive, copes = table.iloc[0], table.iloc[1]
-    assert naive["failed"] > 0 and naive["completed"] + naive["failed"] == 12
+    assert naive["failed"] > 0 and naive["completed"] + naive["failed"] == num_requests
     assert naive["429s seen"] == naive["failed"] and naive["retries"] == 0
-    assert copes["completed"] == 12 and copes["failed"] == 0
+    assert copes["completed"] == num_requests and copes["failed"] == 0
     assert copes["retries"] >= naive["failed"] and copes["429s seen"] == copes["retries"]
     assert copes["mean wait s"] > 0 and copes["E2E p99 ms"] > naive["E2E p50 ms"]  # waiting costs latency
 
 
 def test_bench_serve_waits_out_a_used_up_key_before_it_starts_and_retries_in_the_run():
-    from minilm_engine import LLM
-    from minilm_engine.bench.datasets import noodle_requests
-    from minilm_engine.bench.serve import BenchConfig, run_benchmark
-    from minilm_engine.entrypoints.openai import ServerThread
-    from minilm_engine.entrypoints.rate_limit import RateLimiter, RateLimits
-
     limiter = RateLimiter(RateLimits(requests_per_minute=2), period_s=1.0)  # 2 requests a second
     with ServerThread(LLM("noodle-apprentice", device="cpu", record_trace=False), rate_limiter=limiter) as server:
         limiter.admit("", 0), limiter.admit("", 0)  # the (anonymous) key is used up now
@@ -125,3 +122,15 @@ def test_bench_serve_waits_out_a_used_up_key_before_it_starts_and_retries_in_the
                              max_retries=10, retry_base_delay_s=0.05)
         result = run_benchmark(config, noodle_requests(4, 4), progress=False)
     assert result.metrics.num_completed == 4 and sum(r.num_retries for r in result.results) >= 1
+
+
+def test_under_a_token_limit_a_spike_is_partly_lost_by_a_naive_client_and_completed_by_one_that_copes():
+    limiter = RateLimiter(RateLimits(tokens_per_minute=120), period_s=1.0)  # 120 tokens a second
+    with ServerThread(LLM("noodle-apprentice", device="cpu", record_trace=False), rate_limiter=limiter) as server:
+        table = spike_table(server.url, "noodle-apprentice", noodle_requests(12, 8), max_retries=20)
+    check_spike(table, 12)
+
+
+@pytest.mark.slow
+def test_client_view_measures_the_same_from_outside_the_server_process():
+    check_spike(client_view(num_requests=12, max_tokens=8, tokens_per_period=120, period_s=1.0, max_retries=20), 12)

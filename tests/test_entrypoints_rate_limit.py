@@ -152,6 +152,8 @@ def test_serve_refuses_a_keys_file_that_does_not_parse(tmp_path, capsys):
     assert "not both" in capsys.readouterr().err
     assert main(["serve", "--rate-limit-tpm", "0"]) == 2
     assert "--rate-limit-tpm" in capsys.readouterr().err
+    assert main(["serve", "--rate-limit-tpm", "10", "--rate-limit-period", "0"]) == 2
+    assert "--rate-limit-period" in capsys.readouterr().err
 
 
 def test_chat_and_multi_prompt_completions_are_limited_by_what_they_reserve(served):

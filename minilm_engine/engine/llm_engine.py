@@ -115,7 +115,7 @@ class LLMEngine:
         the server reports and enforces is the one it can really give.  One the caller set is
         kept: requests above the pool are then refused one by one (`add_prepared_request`)."""
         processor = self.input_processor
-        if processor.max_model_len_reason is not None:  # set by the caller
+        if processor.max_model_len_reason is not None:  # the caller's, or already derived
             return
         fits = self.kv_budget.max_context_len(1)
         if fits < self.max_model_len:

@@ -83,6 +83,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         help='the keys allowed and their limits: {"KEY": {"requests_per_minute": 60, '
                              '"tokens_per_minute": 10000}}; a field left out takes --rate-limit-*; '
                              "any other key is a 401")
+    limits.add_argument("--rate-limit-period", type=float, default=60.0, metavar="SECONDS",
+                        help="the time the limits count over (default 60: per minute, as their names say; "
+                             "a demo shortens it so that a spike of traffic resolves in seconds)")
     parser.add_argument("--shutdown-timeout", type=float, default=5.0,
                         help="seconds in-flight requests get to finish on Ctrl-C before they are aborted")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -96,12 +99,14 @@ def rate_limiter_from_args(args: argparse.Namespace) -> RateLimiter | None:
     for flag, value in (("--rate-limit-rpm", args.rate_limit_rpm), ("--rate-limit-tpm", args.rate_limit_tpm)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
+    if not args.rate_limit_period > 0:
+        raise ValueError(f"--rate-limit-period must be > 0 seconds, got {args.rate_limit_period}")
     defaults = RateLimits(args.rate_limit_rpm, args.rate_limit_tpm)
     if args.api_keys_file is not None:
         if args.api_key is not None:
             raise ValueError("give --api-key or --api-keys-file, not both")
-        return RateLimiter(defaults, load_keys_file(args.api_keys_file, defaults))
-    return None if defaults.is_unlimited else RateLimiter(defaults)
+        return RateLimiter(defaults, load_keys_file(args.api_keys_file, defaults), period_s=args.rate_limit_period)
+    return None if defaults.is_unlimited else RateLimiter(defaults, period_s=args.rate_limit_period)
 
 
 def run_serve(args: argparse.Namespace) -> int:
