@@ -6,7 +6,8 @@ checks after every step that:
 
     A. `waiting` and `running` are each in rank order, rank = (priority, arrival);
     B. the requests a step schedules are in rank order;
-    C. a request preempted in a step ranks after every request still running after it;
+    C. a request preempted in a step (for memory, or for its seat) ranks after every request
+       still running after it;
     D. every request still waiting after a step ranks after every request the step admitted;
     E. with chunked prefill, when the queue's head ranks before a request that got tokens, the
        head was kept out by a seat or by memory, never by budget given to lower-ranked work: the
@@ -88,6 +89,25 @@ def test_the_pool_full_preempts_the_batch_request_not_the_newer_interactive_one(
         while scheduler.has_unfinished_requests():
             run_step(scheduler)
         assert len(batch.output_token_ids) == len(chat.output_token_ids) == 5
+        assert scheduler.block_manager.block_pool.num_used_blocks == 0
+
+
+def test_a_full_batch_gives_a_batch_seat_to_an_interactive_request():
+    for policy, first_step in (("fcfs", {"batch0": 1, "batch1": 1}), ("priority", {"batch0": 1, "chat": 2})):
+        scheduler = make_scheduler(num_blocks=16, max_num_seqs=2, scheduling_policy=policy)
+        batch = [make_request(f"batch{i}", [1 + i, 2], max_tokens=6, priority=BATCH) for i in range(2)]
+        for r in batch:
+            scheduler.add_request(r)
+        run_step(scheduler)  # both seats taken by batch work
+        chat = make_request("chat", [7, 8], max_tokens=3)
+        scheduler.add_request(chat)
+        out = run_step(scheduler)
+        assert num_new(out) == first_step
+        if policy == "priority":
+            assert out.preempted == [batch[1]] and list(scheduler.waiting) == [batch[1]]
+        while scheduler.has_unfinished_requests():
+            run_step(scheduler)
+        assert all(len(r.output_token_ids) == r.sampling_params.max_tokens for r in [*batch, chat])
         assert scheduler.block_manager.block_pool.num_used_blocks == 0
 
 

@@ -10,9 +10,11 @@ rank is used for:
                (the engine's behaviour before tiers, unchanged)
     priority   both lists are kept sorted by rank, and one step hands out its token budget down
                the ranks across them: a waiting interactive request (priority 0) is admitted
-               before a running batch request (a large priority) gets its tokens, and the
+               before a running batch request (a large priority) gets its tokens; the
                request preempted when the pool is full is the last in rank (vLLM's rule:
-               the largest (priority, arrival))
+               the largest (priority, arrival)); and when every seat (max_num_seqs) is
+               taken, the last-ranked running request gives its seat to a waiting request
+               that outranks it (vLLM v0's priority preemption), to be recomputed later
 
 `place(queue, request)` puts a request where the policy wants it: at the end (fcfs), or at its
 rank (priority); `requeue` puts a preempted one back.

@@ -159,7 +159,8 @@ class Scheduler:
             head = self.waiting[0] if admitting and self.waiting else None
             # fcfs: every running request, then the queue.  priority: whoever ranks first.
             if head is not None and (request is None or self.order.goes_before(head, request)):
-                num_new = self._admit(head, budget, out)  # 3.
+                # (A seat may be taken only from a request that has not had its turn yet.)
+                num_new = self._admit(head, budget, out, may_take_a_seat=request is not None)  # 3.
                 if num_new is None:
                     admitting = False  # no seat or no memory for it; running requests go on
                     continue
@@ -194,11 +195,21 @@ class Scheduler:
             if victim is request:
                 return 0  # it was the last itself: it waits
 
-    def _admit(self, request: Request, budget: int, out: SchedulerOutput) -> int | None:
+    def _admit(self, request: Request, budget: int, out: SchedulerOutput, may_take_a_seat: bool = False) -> int | None:
         """3. Start the waiting `request` with as many tokens as fit; None if it cannot start
-        (no seat, no memory, or memory was short this step: admitting more would only thrash)."""
-        if out.preempted or len(self.running) >= self.config.max_num_seqs:
+        (no seat, no memory, or memory was short this step: admitting more would only thrash).
+
+        Under priority, a full batch gives up its last-ranked request's seat to a request that
+        outranks it (as vLLM v0's priority scheduler did): an interactive request does not wait
+        for a batch one to finish, and the batch request is recomputed later."""
+        if out.preempted:
             return None
+        if len(self.running) >= self.config.max_num_seqs:
+            if not (may_take_a_seat and self.order.goes_before(request, self.running[-1])):
+                return None
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim)
         computed_blocks, num_cached = self.block_manager.get_computed_blocks(
             request.all_token_ids, request.block_hashes.setdefault(self.block_manager.block_size, [])
         )
