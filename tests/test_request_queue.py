@@ -209,6 +209,23 @@ def test_priority_outputs_equal_fcfs_token_for_token_and_nothing_leaks(llms):
     assert started == sorted(started)
 
 
+def test_interactive_requests_arriving_into_a_full_batch_take_seats_and_outputs_stay_exact(llms):
+    fcfs, prio = llms
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    expected = fcfs.generate(PROMPTS, params, use_tqdm=False)
+    engine = prio.engine
+    preempted_before = engine.scheduler.num_preemptions
+    requests = [engine.add_request(f"seat-b{i}", p, params, priority=BATCH) for i, p in enumerate(PROMPTS[:4])]
+    for _ in range(3):
+        engine.step()  # the four seats are batch work, decoding
+    requests += [engine.add_request(f"seat-i{i}", p, params) for i, p in enumerate(PROMPTS[4:])]
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.num_preemptions > preempted_before  # seats were taken from batch work
+    assert [r.output_token_ids for r in requests] == [o.outputs[0].token_ids for o in expected]
+    assert engine.block_pool.num_used_blocks == 0
+
+
 def test_bad_priorities_are_clear_errors(llms):
     fcfs, prio = llms
     params = SamplingParams(temperature=0, max_tokens=2)
