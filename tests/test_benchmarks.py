@@ -116,3 +116,12 @@ def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_
     # llama.cpp is not a dependency: without it the script says it skipped it and why
     if data["llama_cpp"]["skipped"] is not None:
         assert "llama.cpp: skipped: " in out
+
+
+def test_tiers_benchmark_prints_its_three_parts(tmp_path):
+    out = run([sys.executable, "tiers.py", "--quick", "--json", str(tmp_path / "tiers.json")], ROOT / "benchmarks").stdout
+    for part in ("\n1. ", "\n2. ", "\n3. "):
+        assert part in out, out
+    data = json.loads((tmp_path / "tiers.json").read_text())
+    assert set(data["conditions"]) == {"fcfs", "fcfs+backlog", "priority", "priority+backlog"}
+    assert 0 <= data["batch_discount"] < 1

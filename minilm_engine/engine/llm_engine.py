@@ -46,6 +46,17 @@ from .model_runner import ModelRunner
 from .scheduler import Scheduler, SchedulerOutput, is_decoding
 from .trace import ScheduledChunk, StepCallback, StepRecord, StepTrace
 
+def check_priority(priority: int, scheduling_policy: str) -> None:
+    """vLLM's rule: a priority other than 0 needs the priority policy (under fcfs it would be
+    silently ignored)."""
+    if priority != 0 and scheduling_policy != "priority":
+        raise ValueError(
+            f"got priority {priority}, but priority scheduling is not enabled "
+            f"(scheduling_policy={scheduling_policy!r}); start the engine with "
+            "scheduling_policy='priority' (--scheduling-policy priority)"
+        )
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -148,18 +159,26 @@ class LLMEngine:
     # -- requests ---------------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt: PromptType, sampling_params: SamplingParams | None = None
+        self,
+        request_id: str,
+        prompt: PromptType,
+        sampling_params: SamplingParams | None = None,
+        priority: int = 0,
     ) -> Request:
-        """Validate, tokenize and queue a request; raises ValueError/TypeError if it is bad."""
+        """Validate, tokenize and queue a request; raises ValueError/TypeError if it is bad.
+        `priority`: lower is served first, under scheduling_policy="priority" only."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {request_id!r}")
-        request = self.input_processor.make_request(request_id, prompt, sampling_params or SamplingParams())
+        request = self.input_processor.make_request(
+            request_id, prompt, sampling_params or SamplingParams(), priority
+        )
         self.add_prepared_request(request)
         return request
 
     def add_prepared_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        check_priority(request.priority, self.config.scheduling_policy)
         # A request that could not fit the whole pool even alone would be preempted forever.
         worst_case = request.num_prompt_tokens + request.max_new_tokens
         blocks_needed = cdiv(worst_case, self.config.block_size)
