@@ -92,6 +92,17 @@ def test_answers_equal_serve_and_generate(llm):
     assert llm.engine.block_pool.num_used_blocks == 0
 
 
+def test_it_runs_where_an_event_loop_already_runs(llm):
+    # A notebook's cell runs inside ipykernel's loop: run_batch must not need a loop of its own.
+    import asyncio
+
+    async def from_a_running_loop():
+        return run_batch(llm, [json.dumps(completion("n", PROMPTS[0]))], progress=False)
+
+    (result,) = asyncio.run(from_a_running_loop())
+    assert result["response"]["status_code"] == 200 and llm.engine.block_pool.num_used_blocks == 0
+
+
 def test_the_command_line(tmp_path, capsys):
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     lines = [completion("x", PROMPTS[0]), completion("y", PROMPTS[1], service_tier="flex", priority=-1)]
