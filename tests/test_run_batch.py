@@ -92,12 +92,24 @@ def test_answers_equal_serve_and_generate(llm):
     assert llm.engine.block_pool.num_used_blocks == 0
 
 
+def test_it_runs_where_an_event_loop_already_runs(llm):
+    # A notebook's cell runs inside ipykernel's loop: run_batch must not need a loop of its own.
+    import asyncio
+
+    async def from_a_running_loop():
+        return run_batch(llm, [json.dumps(completion("n", PROMPTS[0]))], progress=False)
+
+    (result,) = asyncio.run(from_a_running_loop())
+    assert result["response"]["status_code"] == 200 and llm.engine.block_pool.num_used_blocks == 0
+
+
 def test_the_command_line(tmp_path, capsys):
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    source.write_text("\n".join([json.dumps(completion("x", PROMPTS[0])), "[1, 2]"]) + "\n")
+    lines = [completion("x", PROMPTS[0]), completion("y", PROMPTS[1], service_tier="flex", priority=-1)]
+    source.write_text("\n".join([*map(json.dumps, lines), "[1, 2]"]) + "\n")
     assert main(["run-batch", "-i", str(source), "-o", str(target), "--model", MODEL,
-                 "--max-num-seqs", "4", "--disable-progress-bar"]) == 0
+                 "--max-num-seqs", "4", "--scheduling-policy", "priority", "--disable-progress-bar"]) == 0
     results = [json.loads(line) for line in target.read_text().splitlines()]
-    assert [(r["custom_id"], r["response"]["status_code"]) for r in results] == [("x", 200), (None, 400)]
-    assert "1 succeeded, 1 failed" in capsys.readouterr().err
+    assert [(r["custom_id"], r["response"]["status_code"]) for r in results] == [("x", 200), ("y", 200), (None, 400)]
+    assert "2 succeeded, 1 failed" in capsys.readouterr().err
     assert main(["run-batch", "-i", str(tmp_path / "missing.jsonl"), "-o", str(target), "--model", MODEL]) == 2

@@ -17,7 +17,8 @@ That is the "fcfs" policy (the default).  Under `scheduling_policy="priority"` (
 `request_queue.py`) both lists are kept in rank order, (priority, arrival), and the step walks
 them merged by rank: a waiting request that outranks a running one is admitted before the
 running one gets its tokens, so batch work (a large priority) gets what interactive work leaves
-of the budget, and the request preempted in 2 is the last in rank, batch before interactive.
+of the budget; the request preempted in 2 is the last in rank, batch before interactive; and in
+3 a full batch gives its last-ranked seat to a waiting request that outranks it.
 
 Data flows one way through an engine step, and the scheduler owns both ends of it:
 
@@ -165,7 +166,7 @@ class Scheduler:
                     admitting = False  # no seat or no memory for it; running requests go on
                     continue
                 budget -= num_new
-                i += 1  # it joined running at a rank before running[i] (or at the end)
+                i += 1  # it joined running at index i: after those served, before the rest
             elif request is not None:
                 budget -= self._schedule_running(request, budget, drafts.get(request.request_id), out)
                 if i < len(self.running) and self.running[i] is request:

@@ -23,6 +23,7 @@ ids differ).  Every request is submitted to the engine at once, so it runs at fu
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import sys
 import uuid
@@ -128,5 +129,13 @@ async def run_batch_async(llm: LLM, lines: Iterable[str], served_model_names: li
 
 def run_batch(llm: LLM, lines: Iterable[str], served_model_names: list[str] | None = None,
               progress: bool = True) -> list[dict]:
-    """The output lines (dicts) for the input `lines`, in input order (see the module docstring)."""
-    return asyncio.run(run_batch_async(llm, lines, served_model_names, progress))
+    """The output lines (dicts) for the input `lines`, in input order (see the module docstring).
+    Where an event loop already runs (a notebook), the batch runs on a loop of its own in a
+    worker thread."""
+    coroutine = run_batch_async(llm, lines, served_model_names, progress)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="run-batch") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
