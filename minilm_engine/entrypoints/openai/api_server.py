@@ -189,6 +189,7 @@ def admit(limiter: RateLimiter | None, raw: Request, prepared: Prepared) -> Rese
     try:
         return limiter.admit(bearer_key(raw.headers.get("authorization", "")), cost)
     except RateLimitExceeded as e:
+        raw.app.state.metrics.observe_rate_limited(e.kind)
         raise APIError(429, e.message, None, "rate_limit_exceeded", type=e.kind, headers=e.headers()) from None
 
 
