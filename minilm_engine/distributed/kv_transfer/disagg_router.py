@@ -27,7 +27,7 @@ wherever it is: producer, pending or consumer.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +121,12 @@ class DisaggRouter:
                 self.pending.append(request)
         return advanced
 
-    def transfer_pending(self) -> list[KVTransfer]:
-        """Hand pending requests to the consumer, oldest first, while it has room."""
+    def transfer_pending(self, ready: Callable[[Request], bool] | None = None) -> list[KVTransfer]:
+        """Hand pending requests to the consumer, oldest first, while it has room (and, given
+        `ready`, while `ready(request)`: a caller that keeps a clock per engine passes only the
+        requests that have reached the consumer by its time)."""
         done = []
-        while self.pending:
+        while self.pending and (ready is None or ready(self.pending[0])):
             record = self.connector.transfer(self.pending[0])
             if record is None:
                 break
