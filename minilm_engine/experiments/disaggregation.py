@@ -27,14 +27,22 @@ hand-over reaches the consumer when the producer's step ends; the consumer pulls
 next steps, and its clock pays for the copy (a memory copy here; the bytes are reported, so a
 network link's time, bytes / bandwidth, can be added).  (c) uses two devices: its device-seconds
 are both engines' busy time, so compare cost there, not in the makespan.
+
+A step is timed in CPU seconds of this process (`time.process_time`) when the engines run on
+the CPU with one torch thread: that is the wall time of an idle machine, and other programs on
+a busy one do not inflate it.  Otherwise (several threads, whose CPU time would add up; or a
+GPU) in wall seconds (`time.perf_counter`; each step ends by reading its sampled tokens back,
+which waits for the GPU).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import torch
 
 from ..data.noodle_corpus import sample_prompts
 from ..distributed.kv_transfer import DisaggRouter
@@ -134,7 +142,7 @@ class Run:
     kv_tokens: int = 0
     kv_cached_tokens: int = 0
     kv_bytes: int = 0
-    kv_transfer_s: float = 0.0
+    kv_transfer_s: float = 0.0  # the consumer's pulls, on its clock
 
     def stamp(self, requests: Sequence[Request], now: float) -> None:
         for r in requests:
@@ -202,10 +210,21 @@ def _add(llm: LLM, add, arrival: Arrival, run: Run, run_id: str) -> None:
     run.tokens[arrival.name] = request.output_token_ids  # the live list: complete at the end
 
 
+Timer = Callable[[], float]
+
+
+def step_timer(llm: LLM) -> Timer:
+    """CPU seconds of the process on a CPU with one torch thread, else wall seconds (module docstring)."""
+    if llm.device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.process_time
+    return time.perf_counter
+
+
 def run_one_engine(llm: LLM, arrivals: Sequence[Arrival], label: str, run_id: str) -> Run:
     """Step one engine on one clock (module docstring) until every request is done."""
     engine = llm.engine
     _ready(engine)
+    timer = step_timer(llm)
     run = Run(label)
     clock, i = 0.0, 0
     while i < len(arrivals) or engine.has_unfinished_requests():
@@ -214,9 +233,9 @@ def run_one_engine(llm: LLM, arrivals: Sequence[Arrival], label: str, run_id: st
         while i < len(arrivals) and arrivals[i].time_s <= clock:
             _add(llm, engine.add_prepared_request, arrivals[i], run, run_id)
             i += 1
-        start = time.perf_counter()
+        start = timer()
         advanced = engine.step_requests()
-        elapsed = time.perf_counter() - start
+        elapsed = timer() - start
         clock += elapsed
         run.device_s += elapsed
         run.stamp(advanced, clock)
@@ -228,6 +247,7 @@ def run_disaggregated(router: DisaggRouter, arrivals: Sequence[Arrival], label: 
     producer, consumer = router.kv_producer.engine, router.kv_consumer.engine
     _ready(producer)
     _ready(consumer)
+    timer = step_timer(router.kv_consumer)
     run = Run(label)
     p_clock = d_clock = 0.0
     handed_at: dict[str, float] = {}  # when each hand-over left the producer (its clock)
@@ -252,9 +272,9 @@ def run_disaggregated(router: DisaggRouter, arrivals: Sequence[Arrival], label: 
             while i < len(arrivals) and arrivals[i].time_s <= p_clock:
                 _add(router.kv_producer, router.add_prepared_request, arrivals[i], run, run_id)
                 i += 1
-            start = time.perf_counter()
+            start = timer()
             advanced = router.step_prefill()
-            elapsed = time.perf_counter() - start
+            elapsed = timer() - start
             p_clock += elapsed
             run.device_s += elapsed
             run.stamp(advanced, p_clock)
@@ -263,13 +283,15 @@ def run_disaggregated(router: DisaggRouter, arrivals: Sequence[Arrival], label: 
         else:
             d_clock = d_next
             was_pending = bool(router.pending)
-            start = time.perf_counter()
+            start = timer()
             # Pull what has reached the consumer by its clock; the copies count on its clock.
             transfers = router.transfer_pending(ready=lambda r, now=d_clock: handed_at[r.request_id] <= now)
+            copied = timer()
             advanced = router.step_decode()
-            elapsed = time.perf_counter() - start
+            elapsed = timer() - start
             d_clock += elapsed
             run.device_s += elapsed
+            run.kv_transfer_s += copied - start if transfers else 0.0
             run.stamp(advanced, d_clock)
             if was_pending and not router.pending:
                 p_clock = max(p_clock, d_clock)  # the producer resumes once its queue is taken
@@ -279,7 +301,6 @@ def run_disaggregated(router: DisaggRouter, arrivals: Sequence[Arrival], label: 
     run.kv_tokens = sum(t.num_tokens for t in new)
     run.kv_cached_tokens = sum(t.num_cached_tokens for t in new)
     run.kv_bytes = sum(t.num_bytes for t in new)
-    run.kv_transfer_s = sum(t.seconds for t in new)
     return run
 
 
@@ -300,11 +321,11 @@ def decode_step_s(llm: LLM, workload: DisaggWorkload, num_steps: int = 12) -> fl
         params = SamplingParams(temperature=0, max_tokens=num_steps + 1, ignore_eos=True)
         engine.add_request(f"calibrate-{engine.num_steps}-{j}", {"prompt_token_ids": a.prompt_token_ids}, params)
     engine.step_requests()  # the streams' prompts
-    times = []
+    timer, times = step_timer(llm), []
     while engine.has_unfinished_requests():
-        start = time.perf_counter()
+        start = timer()
         engine.step_requests()
-        times.append(time.perf_counter() - start)
+        times.append(timer() - start)
     return statistics.median(times)
 
 
