@@ -258,3 +258,37 @@ def test_any_workload_gives_one_engines_tokens(pair, lengths, max_tokens, seed):
     for engine in (router.kv_producer.engine, router.kv_consumer.engine):
         engine.block_pool.check_invariants()
         assert engine.block_pool.num_used_blocks == 0
+
+
+def test_the_engine_hooks_check_what_they_are_given(checkpoints):
+    router = make_router(checkpoints["llama"].path, decode={"max_num_seqs": 1})
+    prompts = token_prompts([9, 10], router.kv_producer.config.vocab_size, seed=6)
+    for i, p in enumerate(prompts):
+        router.add_request(f"r{i}", p, greedy(5))
+    router.step()  # r0 on the consumer, whose one batch slot it takes; r1 pending
+    (waiting,) = router.pending
+    consumer, manager = router.kv_consumer.engine, router.kv_consumer.engine.block_manager
+    assert not consumer.can_add_computed_request()
+    assert router.connector.transfer(waiting) is None  # no room: nothing changed
+    assert "r1" not in manager.block_tables
+    assert manager.allocate_slots("r1", 0, 10)
+    with pytest.raises(ValueError, match="no batch slot"):
+        consumer.add_computed_request(waiting)
+    with pytest.raises(ValueError, match="already in the engine"):
+        consumer.add_computed_request(consumer.requests["r0"])
+    manager.free("r1")
+    with pytest.raises(ValueError, match="is not running"):
+        consumer.scheduler.detach(waiting)
+    while router.has_unfinished_requests():
+        router.step()
+    # With a batch slot free, a table too small for the computed tokens is refused.
+    router.add_request("r2", prompts[0], greedy(5))
+    router.step_prefill()
+    (waiting,) = router.pending
+    assert manager.allocate_slots("r2", 0, BLOCK_SIZE)  # one block for nine computed tokens
+    with pytest.raises(ValueError, match="cannot hold"):
+        consumer.add_computed_request(waiting)
+    manager.free("r2")
+    while router.has_unfinished_requests():
+        router.step()
+    assert_split_and_empty(router)

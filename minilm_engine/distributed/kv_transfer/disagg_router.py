@@ -22,6 +22,12 @@ request's blocks until the consumer has read them; pausing it also means its poo
 with prompts nobody can take.  A request that ends on its first token (EOS, a stop, max_tokens=1)
 finishes on the producer and is never handed over.  `abort_request` frees a request's blocks
 wherever it is: producer, pending or consumer.
+
+Beside vLLM: its proxy sends the prefill instance a copy of the request with max_tokens=1 and
+the decode instance the original, whose scheduler asks the connector how many prompt tokens it
+can load (`get_num_new_matched_tokens`) and pulls their blocks; the first token the client sees
+comes from the decode instance.  Here one `Request` moves from engine to engine, so the first
+token is the producer's and a seeded request's generator goes on where it stopped.
 """
 
 from __future__ import annotations

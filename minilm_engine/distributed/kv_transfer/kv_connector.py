@@ -47,20 +47,23 @@ from ...request import Request
 
 def pack_kv(cache: PagedKVCache, slots: list[int]) -> torch.Tensor:
     """The keys and values of `slots`, every layer, in one tensor (L, 2, n, H_kv, D)."""
-    index = torch.tensor(slots, dtype=torch.long, device=cache.k[0].device)
-    # A layer's cache (num_blocks + 1, block_size, H_kv, D) seen as (slots, H_kv, D): slot
-    # s = block_id * block_size + offset is row s (`kv_cache/block_table.py`).
-    return torch.stack(
-        [torch.stack([k.flatten(0, 1)[index], v.flatten(0, 1)[index]]) for k, v in zip(cache.k, cache.v)]
-    )
+    k0 = cache.k[0]
+    index = torch.tensor(slots, dtype=torch.long, device=k0.device)
+    wire = torch.empty((len(cache.k), 2, len(slots), *k0.shape[2:]), dtype=k0.dtype, device=k0.device)
+    for layer, (k, v) in enumerate(zip(cache.k, cache.v)):
+        # A layer's cache (num_blocks + 1, block_size, H_kv, D) seen as (slots, H_kv, D): slot
+        # s = block_id * block_size + offset is row s (`kv_cache/block_table.py`).
+        torch.index_select(k.flatten(0, 1), 0, index, out=wire[layer, 0])
+        torch.index_select(v.flatten(0, 1), 0, index, out=wire[layer, 1])
+    return wire
 
 
 def unpack_kv(cache: PagedKVCache, slots: list[int], wire: torch.Tensor) -> None:
     """Write `wire` (L, 2, n, H_kv, D), as `pack_kv` made it, into `slots` of `cache`."""
     index = torch.tensor(slots, dtype=torch.long, device=cache.k[0].device)
     for layer, (k, v) in enumerate(zip(cache.k, cache.v)):
-        k.view(-1, *k.shape[2:])[index] = wire[layer, 0]
-        v.view(-1, *v.shape[2:])[index] = wire[layer, 1]
+        k.flatten(0, 1).index_copy_(0, index, wire[layer, 0])  # a view: writes into the cache
+        v.flatten(0, 1).index_copy_(0, index, wire[layer, 1])
 
 
 @dataclass(frozen=True)
