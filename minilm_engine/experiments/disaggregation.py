@@ -10,8 +10,9 @@
 
 Contract: `compare_disaggregation(model, workload, num_repeats)` runs the same `DisaggWorkload`
 (the same prompts, seeds and arrival times) on the three configurations, alternating them in
-each repeat, and returns one row per (configuration, repeat): decode ITL P50 / P99 / max, TTFT
-of the long prompts and P99 over all requests, the makespan and the device-seconds busy, the
+each repeat, and returns one row per (configuration, repeat): decode ITL P50 / P99 / max (over
+every gap between two tokens of one request, streams and long prompts alike), TTFT of the long
+prompts (median) and P99 over all requests, the makespan and the device-seconds busy, the
 KV-transfer bytes and time, and whether the tokens are those of (a) in the same repeat.
 `summarize(table)` gives median and [min, max] per configuration.
 
