@@ -288,3 +288,27 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self.order.leave(request)
+
+    # -- KV transfer (distributed/kv_transfer/): requests that move between engines ----------
+
+    def detach(self, request: Request) -> None:
+        """Stop scheduling a running request without freeing its blocks.
+
+        A KV producer (disaggregated prefill) hands a request to another engine once its first
+        token is sampled: the request leaves `running`, and its block table stays in the block
+        manager until the KV has been copied out (the caller then calls `block_manager.free`).
+        """
+        if request not in self.running:
+            raise ValueError(f"request {request.request_id!r} is not running, so it cannot be detached")
+        self.running.remove(request)
+        self.order.leave(request)
+
+    def add_running(self, request: Request) -> None:
+        """Admit a request whose KV for its first `num_computed_tokens` tokens is already in its
+        block table (a KV consumer received it): it joins `running` and its next step is a
+        decode.  The caller has checked that it is decoding and that its table is there."""
+        if len(self.running) >= self.config.max_num_seqs:
+            raise ValueError(f"the batch is full ({self.config.max_num_seqs} requests running)")
+        request.status = RequestStatus.RUNNING
+        self.order.arrive(request)  # ranked by its priority, as a new arrival of this engine
+        self.order.place(self.running, request)
