@@ -37,13 +37,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-config", type=json_object, default=None,
                         help='speculative decoding, as vLLM spells it: \'{"model": "noodle-apprentice", '
                              '"num_speculative_tokens": 3}\'')
+    parser.add_argument("--max-logprobs", type=int, default=None, help="most top logprobs per token (default 20)")
+    parser.add_argument("--max-n", type=int, default=None, help="most samples per prompt, n (default 128)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads on a CPU (default: 1 for a small model, torch's choice otherwise)")
 
 
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory",
                  "gpu_memory_utilization", "enable_prefix_caching", "enable_chunked_prefill",
-                 "attention_backend", "enforce_eager", "speculative_config")
+                 "attention_backend", "enforce_eager", "speculative_config", "max_logprobs", "max_n")
 
 
 def llm_from_args(args: argparse.Namespace) -> LLM:

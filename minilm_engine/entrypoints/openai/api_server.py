@@ -42,7 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ...llm import LLM
 from .. import DEFAULT_HOST
 from ..async_engine import AsyncLLMEngine
-from ..chat_template import chat_format_for
+from ...chat_template import chat_format_for
 from ..metrics import ServerMetrics
 from ... import __version__
 from .protocol import (
