@@ -82,6 +82,11 @@ class Prepared:
     def prompt_text(self, request: Request) -> str:
         return request.prompt if request.prompt is not None else self.tokenizer.decode(request.prompt_token_ids)
 
+    @staticmethod
+    def prompt_logprobs(request: Request) -> list[PositionLogprobs | None] | None:
+        """A prompt's logprobs: sample 0 computes them for all n samples of its prompt."""
+        return (request.prefix_source or request).prompt_logprobs
+
 
 @dataclass
 class Answer:
@@ -227,12 +232,11 @@ class OpenAIServing:
             if logprobs is not None:
                 # the prompt's positions first (its first token has no logprob)
                 token_ids = list(request.prompt_token_ids) + token_ids
-                logprobs = list(request.prompt_logprobs) + logprobs
+                logprobs = list(prepared.prompt_logprobs(request)) + logprobs
         return CompletionChoice(
             index=index, text=text, finish_reason=answer.finish_reason, stop_reason=answer.stop_reason,
             logprobs=None if logprobs is None else completion_logprobs(token_ids, logprobs, prepared.tokenizer),
-            prompt_logprobs=_prompt_logprobs_json(request) if request.sampling_params.prompt_logprobs is not None
-            and not prepared.echo else None,
+            prompt_logprobs=_prompt_logprobs_json(prepared.prompt_logprobs(request)),
         )
 
     async def chat_response(self, prepared: Prepared, streams: list[RequestStream]) -> dict:
@@ -266,8 +270,8 @@ class OpenAIServing:
             text = delta.text
             if first and prepared.echo:
                 text = prepared.prompt_text(request) + text
-                if request.prompt_logprobs is not None:
-                    ids[:0], lps[:0] = list(request.prompt_token_ids), list(request.prompt_logprobs)
+                if request.logprobs is not None:
+                    ids[:0], lps[:0] = list(request.prompt_token_ids), list(prepared.prompt_logprobs(request))
             if not text and not delta.finished:
                 continue  # text held back (a possible stop string): nothing to show yet
             logprobs = None
@@ -369,13 +373,13 @@ def _usage_event(chunk_class, prepared: Prepared, last: dict[int, StreamDelta]) 
     return sse(chunk_class(id=prepared.response_id, model=prepared.model, choices=[], usage=usage).model_dump())
 
 
-def _prompt_logprobs_json(request: Request) -> list[dict | None] | None:
+def _prompt_logprobs_json(rows: list[PositionLogprobs | None] | None) -> list[dict | None] | None:
     """vLLM's `prompt_logprobs` field: per prompt token {id: {logprob, rank, decoded_token}}."""
-    if request.prompt_logprobs is None:
+    if rows is None:
         return None
     return [None if row is None else {
         token_id: {"logprob": max(lp.logprob, -9999.0), "rank": lp.rank, "decoded_token": lp.decoded_token}
-        for token_id, lp in row.items()} for row in request.prompt_logprobs]
+        for token_id, lp in row.items()} for row in rows]
 
 
 def _param_named_in(message: str, body: _SamplingFields | None = None) -> str | None:
