@@ -127,14 +127,14 @@ class ModelRunner:
         prompt token at p + j + 1 (the last prompt row scores the first output: not a prompt
         logprob), in float32 log-softmax of the raw logits."""
         found: list[PromptLogprobs | None] = [None] * len(scheduled)
-        starts = None
-        for i, s in enumerate(scheduled):
+        asking = [i for i, s in enumerate(scheduled) if s.request.sampling_params.prompt_logprobs is not None]
+        starts = meta.query_start_loc.tolist() if asking else None
+        for i in asking:
+            s = scheduled[i]
             k = s.request.sampling_params.prompt_logprobs
             end = min(s.num_computed_tokens + s.num_new_tokens, s.request.num_prompt_tokens - 1)
-            if k is None or end <= s.num_computed_tokens:
-                continue
-            if starts is None:
-                starts = meta.query_start_loc.tolist()
+            if end <= s.num_computed_tokens:
+                continue  # a decode step, or a chunk holding only the prompt's last token
             num_rows = end - s.num_computed_tokens
             logits = self.model.compute_logits(hidden[starts[i] : starts[i] + num_rows])  # (num_rows, V)
             targets = s.request.prompt_token_ids[s.num_computed_tokens + 1 : end + 1]
