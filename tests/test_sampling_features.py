@@ -369,3 +369,41 @@ def test_engine_limits_and_what_speculation_refuses(checkpoints):
     # min_p and n are fine with speculation (min_p is part of both models' distribution)
     (out,) = spec.generate(PROMPT, SamplingParams(temperature=0, min_p=0.1, n=2, max_tokens=4), use_tqdm=False)
     assert len(out.outputs) == 2 and out.outputs[0].token_ids == out.outputs[1].token_ids
+
+
+MIXED = [
+    SamplingParams(temperature=0, max_tokens=8, repetition_penalty=1.7, logprobs=2),
+    SamplingParams(temperature=0, max_tokens=8, logit_bias={7: 8.0, 9: -50.0}, min_tokens=8, ignore_eos=False),
+    SamplingParams(temperature=0.9, seed=4, max_tokens=8, presence_penalty=1.2, frequency_penalty=0.7, min_p=0.05),
+    SamplingParams(temperature=0, max_tokens=8, logprobs=0, prompt_logprobs=2),
+]
+
+
+@pytest.mark.parametrize("strategy", ["continuous", "kv_cache", "static_batch"])
+def test_mixed_processors_in_one_batch_equal_each_request_alone(checkpoints, strategy):
+    # Each row's processors read only its own history: batched with others == alone.
+    ckpt = checkpoints["llama3_rope"]
+    prompts = [PROMPT, "Order for table 7:", "Receipt\nMiso Ramen @ $", "A bowl of noodles, please."]
+    params = MIXED if strategy == "continuous" else [
+        p if p.prompt_logprobs is None else SamplingParams(temperature=0, max_tokens=8, logprobs=0) for p in MIXED]
+    llm = LLM(ckpt.path, strategy=strategy)
+    together = llm.generate(prompts, params, use_tqdm=False)
+    alone_llm = LLM(ckpt.path)  # the continuous engine, one request at a time
+    for prompt, p, got in zip(prompts, params, together):
+        (want,) = alone_llm.generate(prompt, p, use_tqdm=False)
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        if p.logprobs is not None:
+            for row, want_row in zip(got.outputs[0].logprobs, want.outputs[0].logprobs):
+                assert row.keys() == want_row.keys()
+                assert [lp.logprob for lp in row.values()] == pytest.approx(
+                    [lp.logprob for lp in want_row.values()], abs=1e-4)
+        if p.prompt_logprobs is not None:
+            assert got.prompt_logprobs[1:] and got.prompt_logprobs[0] is None
+    # the bias and min_tokens really act: token 9 (bias -50) never appears, and no EOS before 8 tokens
+    assert 9 not in together[1].outputs[0].token_ids and len(together[1].outputs[0].token_ids) == 8
+
+
+def test_baseline_strategies_refuse_prompt_logprobs(checkpoints):
+    llm = LLM(checkpoints["llama"].path, strategy="kv_cache")
+    with pytest.raises(ValueError, match="prompt_logprobs need the continuous engine"):
+        llm.generate(PROMPT, SamplingParams(prompt_logprobs=1), use_tqdm=False)

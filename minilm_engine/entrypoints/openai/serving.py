@@ -1,7 +1,7 @@
 """Completions and chat completions: validated request -> engine requests -> JSON or SSE chunks.
 
 Contract: `OpenAIServing.prepare_*` turn a parsed request into a `Prepared` (one engine
-`Request` per prompt: a chat has one, a completion as many as its `prompt` lists) or raise
+`Request` per prompt and sample: a chat has n, a completion n per prompt of its list) or raise
 `APIError` (status, message, param, code) before anything reaches the engine; `submit` adds them
 all or none; `stream_*` yield the server-sent-event lines of a streamed answer ("data: {...}\\n\\n",
 then "data: [DONE]\\n\\n"); `*_response` wait for the whole answer.  Neither knows about HTTP
@@ -58,7 +58,8 @@ class APIError(Exception):
 
 @dataclass
 class Prepared:
-    """One HTTP request, ready for the engine: its engine requests, one per prompt (choice)."""
+    """One HTTP request, ready for the engine: its engine requests, one per choice (prompt i's
+    sample j at position i * n + j)."""
 
     response_id: str
     requests: list[Request]
