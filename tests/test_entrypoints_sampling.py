@@ -198,3 +198,23 @@ def test_mixed_traffic_with_the_new_fields_leaks_nothing(server):
     again = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 3,
                                                              "logprobs": 1, "echo": True})
     assert again.status_code == 200 and json.loads(again.text)["choices"][0]["logprobs"]["token_logprobs"][0] is None
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_streamed_logprobs_are_the_whole_answers_even_when_text_is_held_back(client, endpoint):
+    # A stop string holds text back for a few tokens; their logprobs must still arrive.
+    if endpoint == "chat":
+        kwargs = dict(model=MODEL, messages=CHAT, max_tokens=30, temperature=0, logprobs=True, top_logprobs=1,
+                      stop=[" is free"])
+        whole = client.chat.completions.create(**kwargs)
+        chunks = list(client.chat.completions.create(**kwargs, stream=True))
+        streamed = [e.logprob for k in chunks if k.choices and k.choices[0].logprobs for e in k.choices[0].logprobs.content]
+        assert whole.choices[0].finish_reason == "stop"
+        assert streamed == [e.logprob for e in whole.choices[0].logprobs.content]
+    else:
+        kwargs = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=30, temperature=0, logprobs=1, stop=["\n"])
+        whole = client.completions.create(**kwargs)
+        chunks = list(client.completions.create(**kwargs, stream=True))
+        streamed = [lp for k in chunks if k.choices[0].logprobs for lp in k.choices[0].logprobs.token_logprobs]
+        assert whole.choices[0].finish_reason == "stop"
+        assert streamed == whole.choices[0].logprobs.token_logprobs

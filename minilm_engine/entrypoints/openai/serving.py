@@ -313,8 +313,9 @@ class OpenAIServing:
             if delta.logprobs is not None:
                 lps += delta.logprobs
             # The role rides on the first text (or on the end of an answer with none), so the
-            # first chunk a client sees comes after the prompt was processed.
-            if delta.text or (delta.finished and index not in role_sent):
+            # first chunk a client sees comes after the prompt was processed.  Logprobs of
+            # tokens whose text was held back go out with the next text, or at the end.
+            if delta.text or (delta.finished and (index not in role_sent or (ids and request.logprobs is not None))):
                 logprobs = None
                 if request.logprobs is not None:
                     logprobs = chat_logprobs(ids, lps, request.sampling_params.logprobs, prepared.tokenizer)
