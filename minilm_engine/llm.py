@@ -18,8 +18,9 @@ import torch
 
 from .chat_template import chat_format_for, render_chat
 from .engine.config import EngineConfig
+from .engine.llm_engine import check_priority
 from .device import resolve_device, resolve_dtype
-from .inputs import InputProcessor, PromptType
+from .inputs import SET_BY_CALLER, InputProcessor, PromptType
 from .models import load_model, resolve_model_path
 from .models.fused_cpu import apply_model_backend, fused_weight_bytes
 from .outputs import RequestOutput
@@ -40,12 +41,16 @@ class LLM:
         seed: seeds the per-request generators of requests whose SamplingParams have no seed.
         strategy: one of `STRATEGIES`: "continuous" (default: continuous batching over a
             paged KV cache), or the baselines "no_cache", "kv_cache", "static_batch".
-        max_model_len: context length (defaults to the model's max_position_embeddings).
+        max_model_len: context length (default: the model's max_position_embeddings, cut, with
+            strategy="continuous", to what one request alone can hold in the KV pool, as vLLM
+            derives it; `llm.kv_budget.describe()` shows the arithmetic).
         **engine_args: `EngineConfig` fields: max_num_seqs, max_num_batched_tokens, block_size,
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization, enable_prefix_caching,
             enable_chunked_prefill, attention_backend ("auto", "torch", "triton"), enforce_eager
             (True: no CUDA graphs for decode steps; they are captured on CUDA with Triton),
             record_trace (False: keep no per-step records in `llm.engine.trace`),
+            scheduling_policy ("fcfs", the default, or "priority": requests served by their
+            `priority`, lower first, then by arrival; see engine/request_queue.py),
             speculative_config ({"model": DRAFT, "num_speculative_tokens": K}: a draft model
             proposes K tokens per step and the target verifies them in one forward; DRAFT is a
             folder, a hub id or "noodle-apprentice").
@@ -88,6 +93,11 @@ class LLM:
             raise ValueError(
                 f"speculative decoding runs in the continuous engine; strategy={strategy!r} cannot use it"
             )
+        if engine_config.scheduling_policy != "fcfs" and strategy != "continuous":
+            raise ValueError(
+                f"scheduling_policy={engine_config.scheduling_policy!r} runs in the continuous engine; "
+                f"strategy={strategy!r} serves in its own order"
+            )
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.device = resolve_device(device)
@@ -107,6 +117,7 @@ class LLM:
         self.strategy_name = strategy
         self.input_processor = InputProcessor(
             self.tokenizer, self.config.vocab_size, self.max_model_len, self.eos_token_ids, self.device, seed,
+            max_model_len_reason=None if max_model_len is None else SET_BY_CALLER,
             max_logprobs=engine_config.max_logprobs, max_n=engine_config.max_n,
         )
         self.generation_config = read_generation_defaults(self.model_path)
@@ -114,6 +125,8 @@ class LLM:
         self.strategy: Strategy = STRATEGIES[strategy](
             self.model, self.tokenizer, engine_config, self.input_processor
         )
+        # The paged engine may have cut an unset max_model_len to what its KV pool holds.
+        self.max_model_len = self.input_processor.max_model_len
 
     @property
     def engine(self):
@@ -122,6 +135,16 @@ class LLM:
         if engine is None:
             raise AttributeError(f"strategy {self.strategy_name!r} has no step-wise engine; use 'continuous'")
         return engine
+
+    @property
+    def kv_budget(self):
+        """The KV pool's arithmetic (`kv_cache.sizing.KVCacheBudget`; print `.describe()`)."""
+        return self.engine.kv_budget
+
+    def max_context_len(self, concurrency: int = 1) -> int:
+        """The longest context each of `concurrency` requests can get at once from the KV pool
+        (capped by the architecture's max_position_embeddings)."""
+        return self.kv_budget.max_context_len(concurrency)
 
     @property
     def num_parameters(self) -> int:
@@ -155,14 +178,17 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        priority: Sequence[int] | None = None,
     ) -> list[Request]:
-        """Tokenize and validate prompts into `Request`s (n per prompt, in prompt order)."""
-        return [r for group in self._make_groups(prompts, sampling_params) for r in group]
+        """Tokenize and validate prompts into `Request`s (n per prompt, in prompt order);
+        `priority`: one int per prompt (lower first), with scheduling_policy="priority"."""
+        return [r for group in self._make_groups(prompts, sampling_params, priority) for r in group]
 
     def _make_groups(
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        priority: Sequence[int] | None = None,
     ) -> list[list[Request]]:
         """Per prompt, its n sample requests."""
         if isinstance(prompts, (str, dict)):
@@ -189,12 +215,28 @@ class LLM:
                 f"prompt_logprobs need the continuous engine (strategy={self.strategy_name!r} "
                 "computes no logits at prompt positions)"
             )
-        return [self._make_group(p, sp) for p, sp in zip(prompts, params_list)]
+        priorities = self._priorities(priority, len(prompts))
+        return [self._make_group(p, sp, pr) for p, sp, pr in zip(prompts, params_list, priorities)]
 
-    def _make_group(self, prompt: PromptType, params: SamplingParams) -> list[Request]:
+    def _priorities(self, priority: Sequence[int] | None, num_prompts: int) -> list[int]:
+        """One priority per prompt (vLLM's `generate(..., priority=[...])`), checked up front."""
+        if priority is None:
+            return [0] * num_prompts
+        if isinstance(priority, (int, str, bytes)) or not isinstance(priority, Sequence):
+            raise TypeError(f"priority must be a list of ints, one per prompt, got {priority!r}")
+        if len(priority) != num_prompts:
+            raise ValueError(f"got {len(priority)} priorities for {num_prompts} prompts; pass one per prompt")
+        policy = self.strategy.config.scheduling_policy
+        for p in priority:
+            if isinstance(p, bool) or not isinstance(p, int):
+                raise TypeError(f"priority must be a list of ints (lower is served first), got {p!r} in it")
+            check_priority(p, policy)
+        return list(priority)
+
+    def _make_group(self, prompt: PromptType, params: SamplingParams, priority: int = 0) -> list[Request]:
         # The id is taken only once the request is valid: a refused prompt must not shift
         # the ids (and so the default seeds) of the requests after it.
-        group = self.input_processor.make_requests(str(self._num_requests), prompt, params)
+        group = self.input_processor.make_requests(str(self._num_requests), prompt, params, priority)
         self._num_requests += 1
         return group
 
@@ -205,9 +247,11 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generate completions for every prompt; outputs come back in prompt order."""
-        groups = self._make_groups(prompts, sampling_params)
+        """Generate completions for every prompt; outputs come back in prompt order.
+        `priority`: one int per prompt, lower served first (scheduling_policy="priority")."""
+        groups = self._make_groups(prompts, sampling_params, priority)
         requests = [r for group in groups for r in group]
         for request in requests:
             request.incremental_text = False  # only finished texts are returned: decode once

@@ -164,6 +164,10 @@ class _SamplingFields(_Lenient):
     logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a string) -> bias
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
+    # Service tiers: vLLM's `priority` (lower first; needs --scheduling-policy priority unless 0)
+    # and OpenAI's `service_tier` ("auto", "default", "flex"); serving.py maps them to a priority.
+    priority: int | None = None
+    service_tier: str | None = None
     # Known, not implemented: see SAMPLING_NOT_IMPLEMENTED (any type: the check says what is allowed).
     best_of: Any = None
     use_beam_search: Any = None

@@ -21,6 +21,9 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
 
 from ...outputs import PositionLogprobs
 from ...request import Request
@@ -44,13 +47,20 @@ from .protocol import (
 from .logprobs_format import chat_logprobs, completion_logprobs
 
 
+# OpenAI's service tiers -> the engine's priority (lower first).  "flex" is the batch tier:
+# slower, cheaper, served from what interactive requests leave (--scheduling-policy priority).
+SERVICE_TIER_PRIORITY = {"auto": 0, "default": 0, "flex": 1000}
+
+
 class APIError(Exception):
-    """An error answered to the client as {"error": {message, type, param, code}}."""
+    """An error answered to the client as {"error": {message, type, param, code}}, with
+    `headers` added to the answer (a 429's Retry-After and x-ratelimit-*)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):
+                 type: str = "invalid_request_error", headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -101,6 +111,26 @@ class Answer:
     logprobs: list[PositionLogprobs] | None
 
 
+def parse_body(payload: Any, model: type[BaseModel]):
+    """A decoded JSON body -> the request `model`, or a 400 naming the first field that is wrong
+    (the HTTP routes and run-batch parse through this one function)."""
+    if not isinstance(payload, dict):
+        raise APIError(400, f"The body must be a JSON object, got {type(payload).__name__}.", None, "invalid_json")
+    try:
+        return model.model_validate(payload)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        detail = first["msg"]
+        if first["type"] == "missing":
+            detail = "this field is required"
+        else:
+            given = repr(first.get("input"))
+            detail += f" (got {given if len(given) <= 200 else given[:200] + '...'})"
+        raise APIError(400, f"Invalid request: {where}: {detail}.", str(first["loc"][0]) if first["loc"] else None,
+                       "invalid_value") from None
+
+
 def sse(payload: dict | str) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n"
@@ -112,6 +142,7 @@ class OpenAIServing:
         self.served_model_names = served_model_names
         self.chat_format = chat_format
         self.max_model_len = engine.max_model_len
+        self.scheduling_policy = engine.engine.config.scheduling_policy
 
     # -- preparing --------------------------------------------------------------------------
 
@@ -129,6 +160,23 @@ class OpenAIServing:
             raise APIError(400, message, param, "invalid_value" if param in ("n", "prompt") else "unsupported_value")
         warn_ignored(body.ignored_fields())
 
+    def priority_of(self, body: _SamplingFields) -> int:
+        """The engine priority of a request: its `priority` if given, else its tier's (under
+        fcfs every tier is served in arrival order, and a priority other than 0 is a 400)."""
+        tier = body.service_tier
+        if tier is not None and tier not in SERVICE_TIER_PRIORITY:
+            raise APIError(400, f"service_tier must be one of {sorted(SERVICE_TIER_PRIORITY)}, got {tier!r}",
+                           "service_tier", "invalid_value")
+        if body.priority is not None:
+            if body.priority != 0 and self.scheduling_policy != "priority":
+                raise APIError(400, f"priority {body.priority} needs priority scheduling, which this server "
+                               "does not run (start it with --scheduling-policy priority); send 0 or null",
+                               "priority", "invalid_value")
+            return body.priority
+        if self.scheduling_policy != "priority":
+            return 0
+        return SERVICE_TIER_PRIORITY[tier or "auto"]
+
     def _make(self, request_id: str, prompt, body: _SamplingFields, max_tokens: int | None,
               extra_stop: tuple[str, ...] = ()) -> list[Request]:
         """The n engine requests of one prompt (samples 0..n-1), or a 400 naming the field."""
@@ -136,8 +184,9 @@ class OpenAIServing:
             params = body.to_sampling_params(max_tokens, extra_stop, self.engine.llm.generation_config)
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e), _param_named_in(str(e), body), "invalid_value") from None
+        priority = self.priority_of(body)
         try:
-            requests = self.engine.make_requests(request_id, prompt, params)
+            requests = self.engine.make_requests(request_id, prompt, params, priority)
         except (ValueError, TypeError) as e:
             message = str(e)
             param = _param_named_in(message, body)
@@ -151,7 +200,8 @@ class OpenAIServing:
                 400,
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {request.num_prompt_tokens + max_tokens} tokens ({request.num_prompt_tokens} "
-                f"in the prompt, {max_tokens} for the completion). Reduce the prompt or max_tokens.",
+                f"in the prompt, {max_tokens} for the completion{self.engine.llm.input_processor.context_note()}). "
+                f"Reduce the prompt or max_tokens.",
                 "max_tokens", "context_length_exceeded",
             )
         return requests
