@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..attention.backends import ATTENTION_BACKENDS
 from ..spec_decode.config import SpeculativeConfig
+from .request_queue import SCHEDULING_POLICIES
 
 
 @dataclass
@@ -34,9 +35,14 @@ class EngineConfig:
     # DRAFT a folder, a hub id or "noodle-apprentice".  Parsed into a SpeculativeConfig; None or
     # K = 0: no speculation.
     speculative_config: SpeculativeConfig | dict | None = None
+    # Who goes first (vLLM's --scheduling-policy): "fcfs" (arrival order, the default) or
+    # "priority" (each request's priority, lower first, then arrival; see request_queue.py).
+    scheduling_policy: str = "fcfs"
+    max_logprobs: int = 20  # most top tokens a request may ask logprobs of per position (vLLM's)
+    max_n: int = 128  # most samples (n) per prompt
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_n"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -46,6 +52,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
         if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
             raise ValueError("pass num_kv_blocks or kv_cache_memory, not both")
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
@@ -54,6 +62,10 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}"
+            )
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"

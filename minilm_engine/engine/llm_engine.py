@@ -31,7 +31,7 @@ from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool
 from ..kv_cache.block_table import cdiv
 from ..kv_cache.paged import PagedKVCache
-from ..kv_cache.sizing import decide_num_kv_blocks
+from ..kv_cache.sizing import KVCacheBudget, decide_num_kv_blocks
 from ..models import CausalLM
 from ..outputs import RequestOutput
 from ..request import Request, RequestStatus
@@ -45,6 +45,34 @@ from .cuda_graphs import DecodeGraphRunner
 from .model_runner import ModelRunner
 from .scheduler import Scheduler, SchedulerOutput, is_decoding
 from .trace import ScheduledChunk, StepCallback, StepRecord, StepTrace
+
+# What the verification step does not compute: the rejection sampler draws from the target's
+# temperature / min-p / top-k / top-p distribution only, and keeps no per-token logprobs.
+_NOT_WITH_SPECULATION = ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
+                         "repetition_penalty", "logit_bias", "min_tokens")
+
+
+def check_speculation_supports(params: SamplingParams) -> None:
+    """Raise for sampling options speculative decoding does not implement (rather than ignore them)."""
+    defaults = SamplingParams()
+    for name in _NOT_WITH_SPECULATION:
+        if getattr(params, name) not in (getattr(defaults, name), {}):
+            raise ValueError(
+                f"{name} is not supported with speculative decoding (speculative_config); "
+                "serve without it to use this option"
+            )
+
+
+def check_priority(priority: int, scheduling_policy: str) -> None:
+    """vLLM's rule: a priority other than 0 needs the priority policy (under fcfs it would be
+    silently ignored)."""
+    if priority != 0 and scheduling_policy != "priority":
+        raise ValueError(
+            f"got priority {priority}, but priority scheduling is not enabled "
+            f"(scheduling_policy={scheduling_policy!r}); start the engine with "
+            "scheduling_policy='priority' (--scheduling-policy priority)"
+        )
+
 
 class LLMEngine:
     def __init__(
@@ -73,6 +101,9 @@ class LLMEngine:
             self.config, model.config, model.dtype, model.device, self.max_model_len,
             draft_model_config=None if draft is None else draft.config,
         )
+        self.kv_budget = KVCacheBudget.of(model.config, model.dtype, self.config.block_size, num_blocks,
+                                          None if draft is None else draft.config)
+        self._derive_max_model_len()
         self.trace = StepTrace()
         self.block_pool = BlockPool(
             num_blocks,
@@ -106,6 +137,21 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.num_steps = 0
 
+    def _derive_max_model_len(self) -> None:
+        """Memory before architecture: a `max_model_len` the caller did not set is cut to what
+        one request alone can hold in the pool (vLLM derives it the same way), so the context
+        the server reports and enforces is the one it can really give.  One the caller set is
+        kept: requests above the pool are then refused one by one (`add_prepared_request`)."""
+        processor = self.input_processor
+        if processor.max_model_len_reason is not None:  # the caller's, or already derived
+            return
+        fits = self.kv_budget.max_context_len(1)
+        if fits < self.max_model_len:
+            self.max_model_len = processor.max_model_len = fits
+            processor.max_model_len_reason = (
+                f"derived from the KV cache: {self.kv_budget.num_blocks} blocks x {self.config.block_size} "
+                f"tokens = {fits} tokens for one request alone")
+
     @property
     def decode_graphs(self) -> DecodeGraphRunner | None:
         """The runner's CUDA graphs for decode steps (None: every step runs eagerly)."""
@@ -130,18 +176,33 @@ class LLMEngine:
     # -- requests ---------------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt: PromptType, sampling_params: SamplingParams | None = None
+        self,
+        request_id: str,
+        prompt: PromptType,
+        sampling_params: SamplingParams | None = None,
+        priority: int = 0,
     ) -> Request:
-        """Validate, tokenize and queue a request; raises ValueError/TypeError if it is bad."""
+        """Validate, tokenize and queue a request; raises ValueError/TypeError if it is bad.
+        `priority`: lower is served first, under scheduling_policy="priority" only."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {request_id!r}")
-        request = self.input_processor.make_request(request_id, prompt, sampling_params or SamplingParams())
+        request = self.input_processor.make_request(
+            request_id, prompt, sampling_params or SamplingParams(), priority
+        )
         self.add_prepared_request(request)
         return request
 
     def add_prepared_request(self, request: Request) -> None:
+        self._check_new_request(request)
+        self.requests[request.request_id] = request
+        self.scheduler.add_request(request)
+
+    def _check_new_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        check_priority(request.priority, self.config.scheduling_policy)
+        if self.proposer is not None:
+            check_speculation_supports(request.sampling_params)
         # A request that could not fit the whole pool even alone would be preempted forever.
         worst_case = request.num_prompt_tokens + request.max_new_tokens
         blocks_needed = cdiv(worst_case, self.config.block_size)
@@ -151,8 +212,6 @@ class LLMEngine:
                 f"({blocks_needed} blocks of {self.config.block_size}), but the whole pool has "
                 f"{self.block_pool.num_blocks} blocks; lower max_tokens or grow num_kv_blocks"
             )
-        self.requests[request.request_id] = request
-        self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks; unknown or finished ids are ignored."""
@@ -161,6 +220,61 @@ class LLMEngine:
             return
         self._release(request)
         request.abort()
+
+    # -- KV transfer hooks (distributed/kv_transfer/: disaggregated prefill) ---------------
+    #
+    #   producer: step() samples a prompt's first token ──> detach_request(id): the request
+    #             leaves the batch, its blocks stay ──> (KV copied out) ──> block_manager.free(id)
+    #   consumer: block_manager.allocate_slots(...) for the prompt, KV copied in, commit(...)
+    #             ──> add_computed_request(request): it joins the batch, its next step a decode
+
+    def detach_request(self, request_id: str) -> Request:
+        """Take a running request out of this engine, unfinished, with its KV blocks kept.
+
+        The request is no longer scheduled here; its block table stays in `block_manager`
+        (counted as used) until the caller has copied the KV out and calls
+        `block_manager.free(request_id)`.  Raises ValueError unless the request is running.
+        """
+        request = self.requests.get(request_id)
+        if request is None or request.status is not RequestStatus.RUNNING:
+            raise ValueError(f"request {request_id!r} is not running in this engine")
+        self.scheduler.detach(request)
+        if self.proposer is not None:
+            self.proposer.free(request_id)
+        del self.requests[request_id]
+        return request
+
+    def can_add_computed_request(self) -> bool:
+        """Whether `add_computed_request` has a batch slot now.  A consumer with preempted
+        requests waiting is short of memory: it takes no new ones until they are back."""
+        return len(self.scheduler.running) < self.config.max_num_seqs and not self.scheduler.waiting
+
+    def add_computed_request(self, request: Request) -> None:
+        """Admit a request whose KV is already computed: "start it with these blocks".
+
+        The caller allocated the request's block table in this engine's `block_manager`
+        (`allocate_slots`), wrote the KV of its first `request.num_computed_tokens` tokens into
+        those slots and committed them; every token but the last sampled one must be computed
+        (`is_decoding`).  The request joins the running batch and its next step is a decode.
+        Raises ValueError (KeyError: no block table) and changes nothing if any of that does
+        not hold; the caller still owns the table then.
+        """
+        self._check_new_request(request)
+        if request.finished or not is_decoding(request):
+            raise ValueError(
+                f"request {request.request_id!r} must be unfinished with every token but its last "
+                f"computed ({request.num_computed_tokens} of {request.num_tokens} are)"
+            )
+        table = self.block_manager.get_block_table(request.request_id)  # KeyError if none
+        if len(table) * self.config.block_size < request.num_computed_tokens:
+            raise ValueError(
+                f"request {request.request_id!r}: its {len(table)} blocks cannot hold its "
+                f"{request.num_computed_tokens} computed tokens"
+            )
+        if not self.can_add_computed_request():
+            raise ValueError("no batch slot: check can_add_computed_request() first")
+        self.requests[request.request_id] = request
+        self.scheduler.add_running(request)
 
     def _release(self, request: Request) -> None:
         """Free a finished or aborted request's blocks, the draft's too."""
@@ -204,8 +318,9 @@ class LLMEngine:
         for s in sched.scheduled:
             if s.request.metrics.first_scheduled_time is None:
                 s.request.metrics.first_scheduled_time = now
-        results = self.runner.execute(sched.scheduled)  # 3. execute
-        update = self.scheduler.update_from_output(sched, results, self.tokenizer)  # 4. update
+        output = self.runner.execute(sched.scheduled)  # 3. execute
+        results = output.sampled_token_ids
+        update = self.scheduler.update_from_output(sched, results, self.tokenizer, output)  # 4. update
         for s, tokens in zip(sched.scheduled, results):
             if s.draft is not None:
                 self._observe_round(s.request, len(s.draft), len(tokens) - 1)

@@ -35,8 +35,11 @@ def start_server(model: str | None = None, device: str | None = None, **engine_a
     return ServerThread(llm).start()
 
 
-def model_name(server: ServerThread) -> str:
-    """The name the server answers to (the model as it was given, like vLLM's)."""
+def model_name(server) -> str:
+    """The name the server answers to (the model as it was given, like vLLM's), for an
+    in-process `ServerThread` or a `ServerProcess` (experiments/outside_view.py)."""
+    if hasattr(server, "served_name"):
+        return server.served_name
     return server.app.state.serving.served_model_names[0]
 
 
@@ -112,11 +115,12 @@ def max_num_seqs_dial(model: str | None, device: str | None, values: list[int], 
 def latency_under_load(server: ServerThread, background_rates: list[float], num_probes: int = 6,
                        output_len: int = 32, background_seconds: float = 8.0, seed: int = 0) -> pd.DataFrame:
     """One user sends `num_probes` requests one after another while background traffic arrives
-    at each rate (0 = the user alone): the user's own TTFT and ITL, by background rate."""
+    at each rate (0 = the user alone): the user's own TTFT and ITL, by background rate.
+    `table.attrs["probe_results"][rate]` keeps the user's `RequestResult`s."""
     name = model_name(server)
     probe_config = BenchConfig(base_url=server.url, model=name, ignore_eos=True)
     probes = noodle_requests(num_probes, output_len=output_len, seed=seed + 1)
-    rows = []
+    rows, probes_by_rate = [], {}
     for rate in background_rates:
         num_bg = int(rate * background_seconds)
         background = noodle_requests(max(num_bg, 1), output_len=output_len, seed=seed)
@@ -140,13 +144,18 @@ def latency_under_load(server: ServerThread, background_rates: list[float], num_
             return probe_results, await bg_task
 
         probe_results, bg = run_sync(both())
+        probes_by_rate[rate] = probe_results
         m = summarize(probe_results, sum((r.e2e_latency or 0) for r in probe_results) or 1.0)
         rows.append({"background req/s": rate,
                      "background achieved req/s": bg.metrics.request_throughput if bg else 0.0,
                      "your TTFT p50 ms": m.ttft_ms.median, "your TTFT max ms": 1000 * max(r.ttft for r in probe_results),
                      "your ITL p50 ms": m.itl_ms.median, "your ITL p99 ms": m.itl_ms.p99,
                      "your E2E p50 ms": m.e2el_ms.median})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # The user's requests, as the client saw them (the same prompts, in the same order, at every
+    # rate): for paired comparisons request by request.
+    table.attrs["probe_results"] = probes_by_rate
+    return table
 
 
 def streaming_vs_not(server: ServerThread, rate: float, num_requests: int = 24, output_len: int = 32,
