@@ -71,6 +71,17 @@ def _step_time_ms(model: str, gpu: str, batch: int, context: int, bytes_per_elem
     return 1e3 * _cost_model(model, gpu, bytes_per_element).floor_s(batch, context)
 
 
+def _context_per_request(model: str, memory_gb: float, concurrency: int, utilization: float, block_size: int) -> int:
+    """Chapter 10's context limit: the KV pool left after the weights (bf16), in whole blocks,
+    shared by `concurrency` requests, capped by the architecture (kv_cache.sizing's rule)."""
+    from ..kv_cache.sizing import max_context_len
+
+    config = known_config(model)
+    per_block = block_size * _kv_bytes(model)
+    num_blocks = int((utilization * memory_gb * 1e9 - _weight_bytes(model)) // per_block)
+    return max_context_len(num_blocks, block_size, concurrency, config.max_position_embeddings)
+
+
 def _attention_crossover(model: str, causal: bool) -> float:
     """Chapter 04's T*: the prompt length where attention's FLOPs equal the linear layers'."""
     from ..experiments.prefill import attention_crossover_tokens
@@ -112,6 +123,17 @@ FORMULAS: dict[str, Callable[..., float]] = {
     "gqa_ratio": lambda model: known_config(model).num_attention_heads / known_config(model).num_key_value_heads,
     "blocks": lambda tokens, block_size: math.ceil(tokens / block_size),
     "cost_per_million": lambda price_per_hour, tokens_per_second: price_per_hour / (tokens_per_second * 3600) * 1e6,
+    # chapter 10
+    "context_per_request": lambda model, memory_gb, concurrency, utilization=0.9, block_size=16: (
+        _context_per_request(model, memory_gb, concurrency, utilization, block_size)
+    ),
+    "retry_after_s": lambda limit_per_minute, level, amount: (amount - level) / (limit_per_minute / 60),
+    "batch_discount_pct": lambda interactive_tokens_per_s, with_backlog_tokens_per_s: (
+        100 * (1 - interactive_tokens_per_s / with_backlog_tokens_per_s)
+    ),
+    "kv_transfer_ms": lambda model, tokens, link_gb_per_s, bytes_per_element=2: (
+        1e3 * tokens * _kv_bytes(model, bytes_per_element) / (link_gb_per_s * 1e9)
+    ),
 }
 
 
