@@ -1,5 +1,6 @@
-"""The drill bank and chapter 09's quiz: 80+ questions, numeric answers computed from real
-shapes, links that resolve to a notebook heading, quiz draws, grading, mock interview, export."""
+"""The drill bank and chapter 09's quiz: 160+ questions, 40%+ numeric, numeric answers computed
+from real shapes and quoted rates (a few pinned to hand-computed numbers), links that resolve to
+a notebook heading, quiz draws, grading, mock interview, export."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from collections import Counter
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
 from minilm_engine.models.known_configs import known_config
 from minilm_engine.teaching.drills import DRILLS_DIR, FORMULAS, KINDS, export_markdown, load_drills, parse_number
 from minilm_engine.teaching.quiz import Quiz, render_text
+from minilm_engine.teaching.serving_math import MOE_SHAPES, expected_distinct, tree_num_nodes
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -23,9 +26,10 @@ def _headings(notebook: Path) -> set[str]:
             for line in c.source.splitlines() if line.startswith("#")}
 
 
-def test_the_bank_has_80_questions_of_every_kind() -> None:
+def test_the_bank_has_160_questions_of_every_kind_40_percent_numeric() -> None:
     bank = load_drills()
-    assert len(bank) >= 80
+    assert len(bank) >= 160
+    assert sum(d.kind == "numeric" for d in bank) >= 0.4 * len(bank)
     assert set(Counter(d.kind for d in bank)) == set(KINDS)
     assert {d.difficulty for d in bank} == {1, 2, 3}
     assert len({d.question for d in bank}) == len(bank), "a question appears twice"
@@ -147,3 +151,82 @@ def test_the_mock_interview_widget_walks_the_set() -> None:
         assert "Model answer to the last one" in feedback.value
     assert mock.finish().startswith("3 / 3 correct") and "3 / 3 correct" in question.value
     assert submit.disabled and had_it.disabled
+
+
+# Issue 18's interview topics, each asked with a computed answer somewhere in the bank.
+SERVING_TOPICS = {
+    "all-reduce cost": "ring_allreduce_ms", "tensor parallelism": "tp_allreduce_ms_per_step",
+    "pipeline parallelism": "pipeline_bubble_pct", "expert parallelism": "ep_all_to_all_mb",
+    "MoE active vs total": "moe_parameters_b", "MoE experts read per step": "moe_step_read_gib",
+    "FP8 / W8A8": "crossover_batch", "SmoothQuant": "smoothquant_scale", "Marlin": "w4a16_speedup",
+    "speculation with draft cost": "spec_speedup", "EAGLE trees": "tree_tokens_per_step",
+    "batch-invariant numerics": "bf16_spacing", "Little's law": "littles_concurrency",
+    "MBU": "mbu_pct", "MFU": "mfu_pct", "prefix-aware routing": "prefix_hit_pct",
+    "autoscaling": "replicas_for_load", "multi-LoRA": "lora_mib",
+}
+
+
+def test_the_bank_asks_every_serving_topic_with_a_number() -> None:
+    used = {item["compute"]["formula"] for file in DRILLS_DIR.glob("*.json")
+            for item in json.loads(file.read_text()) if "compute" in item}
+    missing = {topic for topic, formula in SERVING_TOPICS.items() if formula not in used}
+    assert not missing, f"no numeric drill for {missing}"
+
+
+def test_serving_formulas_against_hand_computed_numbers() -> None:
+    # Ring all-reduce of 1 GiB over 8 GPUs at 450 GB/s: 2 x 7/8 x 2^30 B / 450e9 B/s.
+    assert FORMULAS["ring_allreduce_ms"](gib=1, num_gpus=8, link="NVLink4") == pytest.approx(1.75 * 2**30 / 450e9 * 1e3)
+    # Mixtral-8x7B: the paper's "47B parameters ... 13B active" (arXiv:2401.04088).
+    assert round(FORMULAS["moe_parameters_b"](moe="Mixtral-8x7B", which="total")) == 47
+    assert round(FORMULAS["moe_parameters_b"](moe="Mixtral-8x7B", which="active")) == 13
+    # At batch 1 a step reads the active parameters, at a large batch all of them.
+    one = FORMULAS["moe_step_read_gib"](moe="Mixtral-8x7B", batch=1)
+    assert one == pytest.approx(FORMULAS["moe_parameters_b"](moe="Mixtral-8x7B", which="active") * 2e9 / 2**30)
+    assert FORMULAS["moe_step_read_gib"](moe="Mixtral-8x7B", batch=256) == pytest.approx(
+        FORMULAS["moe_weights_gib"](moe="Mixtral-8x7B"))
+    # Rank-16 LoRA on Llama-3-8B's q/k/v/o: 16 x (8192 + 5120 + 5120 + 8192) x 32 layers x 2 B = 26 MiB.
+    lora = FORMULAS["lora_mib"](model="Meta-Llama-3-8B", rank=16, modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    assert lora == 16 * (8192 + 5120 + 5120 + 8192) * 32 * 2 / 2**20 == 26
+    # Llama-3-70B KV of one 8K sequence is 2.5 GiB; 4 H100s at 0.9 hold (288 - weights) / 2.5 of them.
+    weights_gib = FORMULAS["weights_gib"](model="Meta-Llama-3-70B")
+    assert FORMULAS["max_sequences_tp"](model="Meta-Llama-3-70B", gpu="H100", tp=4, context=8192) == (288 - weights_gib) // 2.5
+    # W4A16 at batch 1 reads 0.5 + 2/128 bytes per weight instead of 2: 3.88x, and no gain at a big batch.
+    assert FORMULAS["w4a16_speedup"](gpu="A100", batch=1) == pytest.approx(2 / 0.515625)
+    assert FORMULAS["w4a16_speedup"](gpu="A100", batch=4096) == pytest.approx(1.0)
+    # FP8 halves the bytes and doubles the FLOP rate: the ridge batch is bf16's.
+    assert FORMULAS["crossover_batch"](gpu="H100", bytes_per_element=1, precision="fp8") == pytest.approx(
+        FORMULAS["crossover_batch"](gpu="H100"), rel=0.01)
+    # SmoothQuant with alpha 0.5 equalises the two maxima at sqrt(64 x 0.5).
+    assert FORMULAS["smoothed_act_max"](act_max=64, weight_max=0.5) == pytest.approx(32**0.5)
+    assert FORMULAS["bf16_spacing"](x=12.0) == 2**-4 and FORMULAS["bf16_spacing"](x=1.0) == 2**-7
+    assert FORMULAS["littles_concurrency"](rate_per_s=20, ttft_s=0.5, output_tokens=300, tpot_ms=25) == 160
+    assert FORMULAS["replicas_for_load"](rate_per_s=50, output_tokens=400, replica_tokens_per_s=2500,
+                                         target_utilization=0.7) == 12
+    assert FORMULAS["pipeline_bubble_pct"](stages=4, microbatches=8) == pytest.approx(300 / 11)
+    assert FORMULAS["mbu_pct"](model="Meta-Llama-3-8B", gpu="H100", tpot_ms=7, batch=1, context=1024) == pytest.approx(
+        100 * (known_config("Meta-Llama-3-8B").num_parameters() * 2 + 1024 * 131072) / 7e-3 / 3.35e12)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.9])
+def test_a_tree_of_width_one_is_a_chain_and_width_helps(alpha) -> None:
+    chain = FORMULAS["tokens_per_round"](alpha=alpha, k=4)
+    assert FORMULAS["tree_tokens_per_step"](alpha=alpha, widths=[1, 1, 1, 1]) == pytest.approx(chain)
+    assert FORMULAS["tree_tokens_per_step"](alpha=alpha, widths=[3, 2, 1, 1]) > chain
+    assert tree_num_nodes([4, 2, 2, 1, 1]) == 4 + 8 + 16 + 16 + 16
+
+
+def test_the_break_even_acceptance_and_the_best_k() -> None:
+    alpha = FORMULAS["spec_break_even_alpha"](k=4, draft_cost=0.2)
+    assert FORMULAS["spec_speedup"](alpha=alpha, k=4, draft_cost=0.2) == pytest.approx(1.0, abs=1e-6)
+    # By hand: (1 - 0.8^9) / 0.2 / 1.4 = 3.09 beats K = 7 (3.08) and K = 9 (3.08).
+    assert FORMULAS["spec_best_k"](alpha=0.8, draft_cost=0.05) == 8
+
+
+def test_expected_distinct_matches_a_simulation() -> None:
+    """Distinct experts a batch touches and replicas a shared prefix lands on, by sampling."""
+    rng = np.random.default_rng(0)
+    experts, top_k = MOE_SHAPES["Mixtral-8x7B"]["num_experts"], MOE_SHAPES["Mixtral-8x7B"]["top_k"]
+    touched = [len({e for _ in range(8) for e in rng.choice(experts, top_k, replace=False)}) for _ in range(4000)]
+    assert np.mean(touched) == pytest.approx(FORMULAS["experts_touched"](moe="Mixtral-8x7B", batch=8), rel=0.02)
+    replicas = [len(set(rng.integers(0, 8, size=20))) for _ in range(4000)]
+    assert np.mean(replicas) == pytest.approx(expected_distinct(8, 20), rel=0.02)

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from ..models.known_configs import known_config
+from . import serving_math as sm
+from .serving_math import LINKS
 
 DRILLS_DIR = Path(__file__).parent / "drills"
 KINDS = ("concept", "numeric", "what-if", "debug")
@@ -43,8 +45,12 @@ GiB = 1 << 30
 #   A100 80GB: 312 TFLOP/s, 2.0 TB/s   https://glennklockwood.com/garden/processors/A100 (NVIDIA, 2020)
 #   L4: 242 sparse = 121 dense, 300 GB/s  https://grokipedia.com/page/NVIDIA_L4_vs_L40S (NVIDIA, 2023)
 #   T4: 65 TFLOP/s fp16, 320 GB/s       https://sysrqmts.com/gpus/compare/nvidia-a100-sxm4-40-gb-vs-nvidia-tesla-t4 (2018)
+#   H100 SXM5 FP8 dense: 1,979 TFLOP/s ("3,958 TFLOPS*, *with sparsity, 1/2 lower without",
+#       NVIDIA's datasheet as reproduced at https://archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html;
+#       1978.9 in https://glennklockwood.com/garden/processors/h100) (NVIDIA, 2022)
+# Interconnects are `serving_math.LINKS`.
 GPUS = {
-    "H100": {"flops": 989e12, "bandwidth": 3.35e12, "memory_gib": 80},
+    "H100": {"flops": 989e12, "bandwidth": 3.35e12, "memory_gib": 80, "fp8_flops": 1979e12},
     "A100": {"flops": 312e12, "bandwidth": 2.0e12, "memory_gib": 80},
     "L4": {"flops": 121e12, "bandwidth": 0.3e12, "memory_gib": 24},
     "T4": {"flops": 65e12, "bandwidth": 0.32e12, "memory_gib": 16},
@@ -89,6 +95,51 @@ def _attention_crossover(model: str, causal: bool) -> float:
     return attention_crossover_tokens(known_config(model), causal)
 
 
+def _flops(gpu: str, precision: str = "bf16") -> float:
+    return GPUS[gpu]["fp8_flops"] if precision == "fp8" else GPUS[gpu]["flops"]
+
+
+def _max_sequences_tp(model: str, gpu: str, tp: int, context: int, utilization: float = 0.9) -> int:
+    """Sequences of `context` tokens a tensor-parallel group holds: the group's memory budget less
+    one copy of the weights (sharded, not replicated), over the KV of one sequence (KV heads are
+    sharded too, so the pool is the group's)."""
+    free = utilization * GPUS[gpu]["memory_gib"] * GiB * tp - _weight_bytes(model)
+    return max(0, int(free // (context * _kv_bytes(model))))
+
+
+def _w4a16_speedup(gpu: str, batch: int, group_size: int = 128) -> float:
+    """Roofline ratio of a bf16 GEMM's time to a W4A16 (Marlin-class) GEMM's at this batch."""
+    flops, bandwidth = GPUS[gpu]["flops"], GPUS[gpu]["bandwidth"]
+    w4 = sm.bytes_per_weight(4, group_size)
+    return sm.gemm_time_per_weight(batch, 2, flops, bandwidth) / sm.gemm_time_per_weight(batch, w4, flops, bandwidth)
+
+
+def _spec_best_k(alpha: float, draft_cost: float, max_k: int = 16) -> int:
+    """The K in 1..max_k with the highest predicted speed-up (verification costs one step)."""
+    return max(range(1, max_k + 1), key=lambda k: FORMULAS["spec_speedup"](alpha, k, draft_cost))
+
+
+def _spec_break_even_alpha(k: int, draft_cost: float) -> float:
+    """The acceptance rate where speculation's predicted speed-up is exactly 1 (bisection: the
+    speed-up grows with alpha)."""
+    lo, hi = 0.0, 1 - 1e-9
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if FORMULAS["spec_speedup"](mid, k, draft_cost) < 1 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _prefix_hit_pct(replicas: int, requests: int, routing: str) -> float:
+    """Share of `requests` sharing one prefix that find it cached: each replica the prefix lands
+    on computes it once (random routing spreads it; prefix-aware routing sends all to one)."""
+    copies = sm.expected_distinct(replicas, requests) if routing == "random" else 1
+    return 100 * (1 - copies / requests)
+
+
+def _lora_mib(model: str, rank: int, modules: list[str], bytes_per_element: int = 2) -> float:
+    return sm.lora_parameters(known_config(model), rank, modules) * bytes_per_element / (1 << 20)
+
+
 FORMULAS: dict[str, Callable[..., float]] = {
     "kv_kib_per_token": lambda model, bytes_per_element=2: _kv_bytes(model, bytes_per_element) / 1024,
     "kv_gib": lambda model, tokens, bytes_per_element=2: tokens * _kv_bytes(model, bytes_per_element) / GiB,
@@ -100,14 +151,14 @@ FORMULAS: dict[str, Callable[..., float]] = {
     "kv_over_weights": lambda model, batch, context, bytes_per_element=2: (
         batch * context * _kv_bytes(model, bytes_per_element) / _weight_bytes(model, bytes_per_element)
     ),
-    "weights_floor_ms": lambda model, gpu, bytes_per_element=2: (
-        1e3 * _weight_bytes(model, bytes_per_element) / GPUS[gpu]["bandwidth"]
+    "weights_floor_ms": lambda model, gpu, bytes_per_element=2, tp=1: (
+        1e3 * _weight_bytes(model, bytes_per_element) / tp / GPUS[gpu]["bandwidth"]
     ),
     "step_time_ms": _step_time_ms,
     "step_ratio": lambda model, gpu, batch, context: _cost_model(model, gpu).slowdown(batch, context),
     "batch_at_2x": lambda model, gpu, context: _cost_model(model, gpu).batch_at_slowdown(context, 2.0),
-    "crossover_batch": lambda gpu, bytes_per_element=2: (
-        GPUS[gpu]["flops"] / GPUS[gpu]["bandwidth"] * bytes_per_element / 2
+    "crossover_batch": lambda gpu, bytes_per_element=2, precision="bf16": (
+        _flops(gpu, precision) / GPUS[gpu]["bandwidth"] * bytes_per_element / 2
     ),
     "prefill_tflops": lambda model, tokens: 2 * known_config(model).num_parameters() * tokens / 1e12,
     "quadratic_crossover_tokens": lambda model, causal=True: _attention_crossover(model, causal),
@@ -133,6 +184,66 @@ FORMULAS: dict[str, Callable[..., float]] = {
     ),
     "kv_transfer_ms": lambda model, tokens, link_gb_per_s, bytes_per_element=2: (
         1e3 * tokens * _kv_bytes(model, bytes_per_element) / (link_gb_per_s * 1e9)
+    ),
+    # parallelism (chapter 09)
+    "ring_allreduce_ms": lambda gib, num_gpus, link: 1e3 * sm.ring_allreduce_s(gib * GiB, num_gpus, LINKS[link]),
+    # two all-reduces of (batch, hidden) per layer; the ring time is linear in bytes, so sum them
+    "tp_allreduce_ms_per_step": lambda model, batch, tp, link: 1e3 * known_config(model).num_hidden_layers * (
+        sm.ring_allreduce_s(sm.tp_allreduce_bytes_per_layer(known_config(model), batch), tp, LINKS[link])
+    ),
+    "weights_gib_per_gpu": lambda model, tp, bytes_per_element=2: _weight_bytes(model, bytes_per_element) / tp / GiB,
+    "max_sequences_tp": _max_sequences_tp,
+    "pipeline_bubble_pct": lambda stages, microbatches: 100 * sm.pipeline_bubble_fraction(stages, microbatches),
+    "pp_send_ms": lambda model, tokens, link: 1e3 * tokens * known_config(model).hidden_size * 2 / LINKS[link],
+    "weights_load_s": lambda model, link: _weight_bytes(model) / LINKS[link],
+    # mixture of experts
+    "moe_parameters_b": lambda moe, which: sm.moe_parameters(moe)[which] / 1e9,
+    "moe_weights_gib": lambda moe, bytes_per_element=2: sm.moe_parameters(moe)["total"] * bytes_per_element / GiB,
+    "experts_touched": lambda moe, batch: sm.expected_distinct(
+        sm.MOE_SHAPES[moe]["num_experts"], batch, sm.MOE_SHAPES[moe]["top_k"]
+    ),
+    "moe_step_read_gib": lambda moe, batch, bytes_per_element=2: (
+        sm.moe_bytes_read_per_step(moe, batch, bytes_per_element) / GiB
+    ),
+    "ep_all_to_all_mb": lambda moe, tokens: sm.ep_all_to_all_bytes(moe, tokens) / 1e6,
+    # low-bit GEMMs (chapter 06)
+    "w4a16_crossover_batch": lambda gpu, group_size=128: (
+        GPUS[gpu]["flops"] / GPUS[gpu]["bandwidth"] * sm.bytes_per_weight(4, group_size) / 2
+    ),
+    "w4a16_speedup": _w4a16_speedup,
+    "smoothquant_scale": lambda act_max, weight_max, alpha=0.5: sm.smoothquant_scale(act_max, weight_max, alpha),
+    "smoothed_act_max": lambda act_max, weight_max, alpha=0.5: act_max / sm.smoothquant_scale(act_max, weight_max, alpha),
+    "int8_step": lambda max_abs: max_abs / 127,
+    "fp8_scale": lambda amax: amax / sm.FP8_E4M3_MAX,
+    # speculation (chapter 05)
+    "spec_best_k": _spec_best_k,
+    "spec_break_even_alpha": _spec_break_even_alpha,
+    "tree_tokens_per_step": lambda alpha, widths: sm.tree_tokens_per_step(alpha, widths),
+    "tree_num_nodes": lambda widths: sm.tree_num_nodes(widths),
+    "tree_speedup": lambda alpha, widths, draft_cost, verify_cost=1.0: (
+        sm.tree_tokens_per_step(alpha, widths) / (len(widths) * draft_cost + verify_cost)
+    ),
+    # numerics, load, utilization, routing, adapters
+    "bf16_spacing": lambda x: sm.bf16_spacing(x),
+    "littles_concurrency": lambda rate_per_s, ttft_s, output_tokens, tpot_ms: (
+        rate_per_s * (ttft_s + output_tokens * tpot_ms / 1e3)
+    ),
+    "littles_kv_gib": lambda model, rate_per_s, ttft_s, output_tokens, tpot_ms, prompt_tokens: (
+        rate_per_s * (ttft_s + output_tokens * tpot_ms / 1e3) * (prompt_tokens + output_tokens) * _kv_bytes(model) / GiB
+    ),
+    "mbu_pct": lambda model, gpu, tpot_ms, batch, context: (
+        100 * (_weight_bytes(model) + batch * context * _kv_bytes(model)) / (tpot_ms / 1e3) / GPUS[gpu]["bandwidth"]
+    ),
+    "mfu_pct": lambda model, gpu, tokens_per_s: 100 * 2 * known_config(model).num_parameters() * tokens_per_s / GPUS[gpu]["flops"],
+    "prefix_hit_pct": _prefix_hit_pct,
+    "replicas_for_load": lambda rate_per_s, output_tokens, replica_tokens_per_s, target_utilization: math.ceil(
+        rate_per_s * output_tokens / (replica_tokens_per_s * target_utilization)
+    ),
+    "lora_mib": _lora_mib,
+    "adapters_in_budget": lambda model, rank, modules, budget_gib: (budget_gib * 1024) // _lora_mib(model, rank, modules),
+    "lora_flops_pct": lambda model, rank, modules: 100 * sm.lora_flops_fraction(known_config(model), rank, modules),
+    "lora_step_overhead_pct": lambda model, rank, modules, distinct_adapters: (
+        100 * distinct_adapters * _lora_mib(model, rank, modules) * (1 << 20) / _weight_bytes(model)
     ),
 }
 
