@@ -74,7 +74,8 @@ def served(tmp_path_factory):
     """`minilm-engine serve <chef folder>` in its own process; yields its base URL."""
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    command = [sys.executable, "-m", "minilm_engine", "serve", CHEF, "--port", str(port), "--device", "cpu",
+    command = [sys.executable, "-m", "minilm_engine", "serve", CHEF, "--served-model-name", CHEF, "noodle-chef",
+               "--port", str(port), "--device", "cpu",
                "--log-level", "warning", "--shutdown-timeout", "1"]
     with open(log, "w") as err:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, text=True,
@@ -105,8 +106,9 @@ def served(tmp_path_factory):
 
 
 def lm_eval(clients_bin: Path, out: Path, model: str, model_args: str, tasks: list[str], *extra: str) -> dict:
-    """Run `lm_eval` with --log_samples; returns {task: (metrics, samples in doc order)}."""
-    run_client([str(clients_bin / "lm_eval"), "--model", model, "--model_args", model_args,
+    """Run `lm_eval` with --log_samples; returns {task: (metrics, samples in doc order)}, and
+    its log under "log"."""
+    log = run_client([str(clients_bin / "lm_eval"), "--model", model, "--model_args", model_args,
                 "--include_path", str(TASKS), "--tasks", ",".join(tasks), "--output_path", str(out),
                 "--log_samples", *extra], cwd=out.parent)
     (results_file,) = out.rglob("results_*.json")
@@ -116,6 +118,7 @@ def lm_eval(clients_bin: Path, out: Path, model: str, model_args: str, tasks: li
         (samples_file,) = out.rglob(f"samples_{task}_*.jsonl")
         samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
         scored[task] = (results[task], sorted(samples, key=lambda s: s["doc_id"]))
+    scored["log"] = log
     return scored
 
 
@@ -126,16 +129,20 @@ def hf_scores(clients_bin, tmp_path_factory):
                    [GENERATE, CHOICE], "--device", "cpu", "--batch_size", "1")
 
 
-@pytest.fixture(scope="module", params=["token ids", "text"])
+@pytest.fixture(scope="module", params=["token ids", "text", "remote tokenizer"])
 def serve_scores(request, clients_bin, served, tmp_path_factory):
     """`local-completions` through serve: prompts as token-id lists (lm-eval's default,
-    tokenized_requests=True, `prompt=[[ids]]`), or as text (tokenized_requests=False)."""
-    tokenized = request.param == "token ids"
-    args = f"model={CHEF},base_url={served}/v1/completions,num_concurrent=2,max_retries=1"
-    if not tokenized:
+    tokenized_requests=True, `prompt=[[ids]]`), as text (tokenized_requests=False), or
+    tokenized by the server: the model named "noodle-chef", which no tokenizer loads by (there is
+    no hub), so lm-eval finds /tokenizer_info and tokenizes through /tokenize."""
+    model = "noodle-chef" if request.param == "remote tokenizer" else CHEF
+    args = f"model={model},base_url={served}/v1/completions,num_concurrent=2,max_retries=1"
+    if request.param == "text":
         args += ",tokenized_requests=False"
     out = tmp_path_factory.mktemp("serve") / "out"
-    return lm_eval(clients_bin, out, "local-completions", args, [GENERATE, CHOICE])
+    scored = lm_eval(clients_bin, out, "local-completions", args, [GENERATE, CHOICE])
+    assert ("Using remote tokenizer" in scored["log"]) == (request.param == "remote tokenizer")
+    return scored
 
 
 def test_lm_eval_generate_until_through_serve_scores_as_hf(serve_scores, hf_scores):
