@@ -131,12 +131,16 @@ def hf_scores(clients_bin, tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["token ids", "text", "remote tokenizer"])
 def serve_scores(request, clients_bin, served, tmp_path_factory):
-    """`local-completions` through serve: prompts as token-id lists (lm-eval's default,
-    tokenized_requests=True, `prompt=[[ids]]`), as text (tokenized_requests=False), or
-    tokenized by the server: the model named "noodle-chef", which no tokenizer loads by (there is
-    no hub), so lm-eval finds /tokenizer_info and tokenizes through /tokenize."""
-    model = "noodle-chef" if request.param == "remote tokenizer" else CHEF
-    args = f"model={model},base_url={served}/v1/completions,num_concurrent=2,max_retries=1"
+    """`local-completions` through serve, tokenized by lm-eval with the checkpoint's tokenizer
+    (loaded from the model name, the folder) and sent as token-id lists (its default,
+    tokenized_requests=True, `prompt=[[ids]]`) or as text (tokenized_requests=False); or
+    tokenized by the server (lm-eval's own choice, tokenizer_backend=auto, once /tokenizer_info
+    answers) for the model named "noodle-chef", which no tokenizer loads by (there is no hub)."""
+    if request.param == "remote tokenizer":
+        args = "model=noodle-chef"
+    else:
+        args = f"model={CHEF},tokenizer_backend=huggingface"
+    args += f",base_url={served}/v1/completions,num_concurrent=2,max_retries=1"
     if request.param == "text":
         args += ",tokenized_requests=False"
     out = tmp_path_factory.mktemp("serve") / "out"
