@@ -16,6 +16,7 @@ from .request import Request
 from .sampling_params import SamplingParams
 
 PromptType = str | dict[str, Any]
+SET_BY_CALLER = "set by the caller"  # a max_model_len_reason: the engine keeps it as it is
 
 
 class InputProcessor:
@@ -27,10 +28,14 @@ class InputProcessor:
         eos_token_ids: tuple[int, ...],
         device: torch.device,
         seed: int = 0,
+        max_model_len_reason: str | None = SET_BY_CALLER,
     ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        # Where max_model_len comes from, said in errors: None means "the architecture's
+        # max_position_embeddings", which the engine may still cut to what its KV pool holds.
+        self.max_model_len_reason = max_model_len_reason
         self.eos_token_ids = eos_token_ids
         self.device = device
         self.seed = seed
@@ -58,7 +63,7 @@ class InputProcessor:
         if len(ids) >= self.max_model_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens, but the model's context holds "
-                f"{self.max_model_len} (prompt + output); shorten the prompt"
+                f"{self.max_model_len} (prompt + output{self.context_note()}); shorten the prompt"
             )
         seed = params.seed if params.seed is not None else self.default_seed(request_id)
         generator = None
@@ -73,6 +78,11 @@ class InputProcessor:
             max_model_len=self.max_model_len,
             generator=generator,
         )
+
+    def context_note(self) -> str:
+        """The "; max_model_len derived from the KV cache: ..." of an error, when the pool set it."""
+        reason = self.max_model_len_reason
+        return "" if reason in (None, SET_BY_CALLER) else f"; max_model_len {reason}"
 
     def default_seed(self, request_id: str) -> int:
         """The seed of a request whose SamplingParams have none: a function of the engine's seed

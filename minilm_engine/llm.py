@@ -15,7 +15,7 @@ import torch
 
 from .engine.config import EngineConfig
 from .device import resolve_device, resolve_dtype
-from .inputs import InputProcessor, PromptType
+from .inputs import SET_BY_CALLER, InputProcessor, PromptType
 from .models import load_model, resolve_model_path
 from .models.fused_cpu import apply_model_backend, fused_weight_bytes
 from .outputs import RequestOutput
@@ -36,7 +36,9 @@ class LLM:
         seed: seeds the per-request generators of requests whose SamplingParams have no seed.
         strategy: one of `STRATEGIES`: "continuous" (default: continuous batching over a
             paged KV cache), or the baselines "no_cache", "kv_cache", "static_batch".
-        max_model_len: context length (defaults to the model's max_position_embeddings).
+        max_model_len: context length (default: the model's max_position_embeddings, cut, with
+            strategy="continuous", to what one request alone can hold in the KV pool, as vLLM
+            derives it; `llm.kv_budget.describe()` shows the arithmetic).
         **engine_args: `EngineConfig` fields: max_num_seqs, max_num_batched_tokens, block_size,
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization, enable_prefix_caching,
             enable_chunked_prefill, attention_backend ("auto", "torch", "triton"), enforce_eager
@@ -102,12 +104,15 @@ class LLM:
         self.eos_token_ids = _eos_token_ids(self.config.eos_token_ids, self.tokenizer, self.model_path)
         self.strategy_name = strategy
         self.input_processor = InputProcessor(
-            self.tokenizer, self.config.vocab_size, self.max_model_len, self.eos_token_ids, self.device, seed
+            self.tokenizer, self.config.vocab_size, self.max_model_len, self.eos_token_ids, self.device, seed,
+            max_model_len_reason=None if max_model_len is None else SET_BY_CALLER,
         )
         self._num_requests = 0  # ids "0", "1", ... of requests accepted so far
         self.strategy: Strategy = STRATEGIES[strategy](
             self.model, self.tokenizer, engine_config, self.input_processor
         )
+        # The paged engine may have cut an unset max_model_len to what its KV pool holds.
+        self.max_model_len = self.input_processor.max_model_len
 
     @property
     def engine(self):
@@ -116,6 +121,16 @@ class LLM:
         if engine is None:
             raise AttributeError(f"strategy {self.strategy_name!r} has no step-wise engine; use 'continuous'")
         return engine
+
+    @property
+    def kv_budget(self):
+        """The KV pool's arithmetic (`kv_cache.sizing.KVCacheBudget`; print `.describe()`)."""
+        return self.engine.kv_budget
+
+    def max_context_len(self, concurrency: int = 1) -> int:
+        """The longest context each of `concurrency` requests can get at once from the KV pool
+        (capped by the architecture's max_position_embeddings)."""
+        return self.kv_budget.max_context_len(concurrency)
 
     @property
     def num_parameters(self) -> int:

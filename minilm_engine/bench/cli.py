@@ -78,6 +78,8 @@ def format_report(result: BenchResult) -> str:
                   row(f"Median {short} (ms):", summary.median, ".2f")]
         for p in c.metric_percentiles:
             lines.append(row(f"P{percentile_word(p)} {short} (ms):", summary.percentiles.get(float(p)), ".2f"))
+    if c.max_retries:
+        lines.append(row("Retries (total):", sum(r.num_retries for r in result.results)))
     errors = sorted({r.error for r in result.results if not r.success})
     if errors:
         lines.append(f"first errors: {errors[:3]}")
@@ -149,7 +151,12 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     load.add_argument("--num-warmups", type=int, default=0, help="requests sent before the timed run (vLLM)")
     load.add_argument("--sweep", default=None, help="comma-separated request rates, e.g. 1,2,4,inf")
     load.add_argument("--seed", type=int, default=0)
-    load.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    load.add_argument("--timeout", type=float, default=600.0, help="seconds per request (each try)")
+    load.add_argument("--max-retries", type=int, default=0,
+                      help="retry a request refused with 429 / 503 (or unanswered) up to N times, waiting "
+                           "Retry-After plus exponential backoff with full jitter (default 0: one try, as vLLM)")
+    load.add_argument("--retry-base-delay", type=float, default=0.5, help="seconds: the first backoff's cap")
+    load.add_argument("--retry-max-delay", type=float, default=30.0, help="seconds: the backoff's largest cap")
     sampling = p.add_argument_group("sampling")
     sampling.add_argument("--temperature", type=float, default=0.0)
     sampling.add_argument("--top-p", type=float, default=None)
@@ -235,7 +242,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         percentile_metrics=parse_metric_names(args.percentile_metrics),
         metric_percentiles=parse_percentiles(args.metric_percentiles),
         initial_test=args.ready_check_timeout_sec > 0, ready_timeout_s=args.ready_check_timeout_sec,
-        num_warmups=args.num_warmups,
+        num_warmups=args.num_warmups, max_retries=args.max_retries, retry_base_delay_s=args.retry_base_delay,
+        retry_max_delay_s=args.retry_max_delay,
     )
 
 

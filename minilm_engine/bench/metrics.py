@@ -40,6 +40,9 @@ class RequestResult:
     generated_text: str = ""
     error: str = ""
     http_status: int | None = None  # None: no answer at all (unreachable, timed out)
+    retry_after_s: float | None = None  # the server's Retry-After on a refusal
+    num_retries: int = 0  # tries after the first (client.py); sent_time is the first try's
+    retry_wait_s: float = 0.0  # seconds spent waiting between tries
 
     @property
     def ttft(self) -> float | None:

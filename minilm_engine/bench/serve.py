@@ -3,7 +3,8 @@
 Contract: `run_benchmark(config, requests)` sends `requests` (datasets.py) to
 `config.base_url` at `config.request_rate` requests/s (Poisson arrivals; `burstiness` != 1
 draws gamma gaps of the same mean: < 1 burstier, > 1 more regular) or as fast as
-`max_concurrency` allows, streams every answer, and returns a `BenchResult`: the raw
+`max_concurrency` allows, streams every answer (a refused one retried up to `max_retries`
+times, with backoff and jitter, honouring Retry-After: client.py), and returns a `BenchResult`: the raw
 per-request timestamps and their `BenchmarkMetrics` (metrics.py).  With `initial_test`, as
 vLLM does, the first request is sent once alone before the clock starts (retried while the
 server cannot be reached, up to `ready_timeout_s`), then `num_warmups` copies of it, so a server
@@ -20,8 +21,10 @@ result, with vLLM's keys (`duration`, `completed`, `mean_ttft_ms`, `p99_ttft_ms`
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +33,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from .client import RetryPolicy, retry_after_of, with_retries
 from .datasets import BenchRequest
 from .metrics import LATENCY_METRICS, BenchmarkMetrics, RequestResult, summarize
 
@@ -61,8 +65,17 @@ class BenchConfig:
     initial_test: bool = False
     ready_timeout_s: float = 600.0
     num_warmups: int = 0
+    # A client that copes (client.py): retries on 429 / 503 / no answer; 0 = one try (vLLM's).
+    max_retries: int = 0
+    retry_base_delay_s: float = 0.5
+    retry_max_delay_s: float = 30.0
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(self.max_retries, self.retry_base_delay_s, self.retry_max_delay_s)
 
     def __post_init__(self) -> None:
+        _ = self.retry_policy  # raises ValueError for bad retry fields
         if self.endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint must be one of {ENDPOINTS}, got {self.endpoint!r}")
         if not self.request_rate > 0:
@@ -95,7 +108,7 @@ class BenchResult:
         c, m = self.config, self.metrics
         settings = {k: v for k, v in asdict(c).items()
                     if k in ("base_url", "endpoint", "burstiness", "max_concurrency", "temperature", "ignore_eos",
-                             "stream", "slo", "seed", "num_warmups")}
+                             "stream", "slo", "seed", "num_warmups", "max_retries")}
         out = {
             "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
             "endpoint_type": c.backend,
@@ -116,6 +129,7 @@ class BenchResult:
             "total_token_throughput": m.total_token_throughput,
             "max_output_tokens_per_s": m.max_output_tokens_per_s,
             "max_concurrent_requests": m.max_concurrent_requests,
+            "total_retries": sum(r.num_retries for r in self.results),
         }
         for name in c.percentile_metrics:
             summary = m.latency(name)
@@ -133,6 +147,7 @@ class BenchResult:
                 "e2els": [r.e2e_latency if r.success else 0.0 for r in self.results],
                 "generated_texts": [r.generated_text for r in self.results],
                 "errors": [r.error for r in self.results],
+                "retries": [r.num_retries for r in self.results],
                 "sent_times": [r.sent_time - self.start_time for r in self.results],
             })
         return out
@@ -189,6 +204,7 @@ async def send_request(client, config: BenchConfig, request: BenchRequest) -> Re
                                  json=_payload(config, request)) as response:
             result.http_status = response.status_code
             if response.status_code != 200:
+                result.retry_after_s = retry_after_of(response.headers)
                 body = (await response.aread()).decode(errors="replace")
                 result.error = f"HTTP {response.status_code}: {body[:500]}"
                 return result
@@ -234,8 +250,9 @@ NO_TEXT = "the server answered no text"
 
 async def initial_test(client, config: BenchConfig, request: BenchRequest, retry_interval_s: float = 1.0) -> RequestResult:
     """Send `request` once, alone, before a timed run (as vLLM does).  While the server cannot
-    answer (not reachable yet, a 5xx while it loads) it is retried until `config.ready_timeout_s`;
-    any other failure (a 4xx, a broken stream), or none by then, raises ValueError: the run would
+    answer (not reachable yet, a 5xx while it loads, a 429: the key's limit is used up for now) it
+    is retried until `config.ready_timeout_s`, after the server's Retry-After if it sent one; any
+    other failure (a 4xx, a broken stream), or none by then, raises ValueError: the run would
     measure only failures.  A complete answer with no text passes: a sampled model may end on its
     first token, and that says nothing against the server or the arguments."""
     deadline = time.monotonic() + config.ready_timeout_s
@@ -243,11 +260,12 @@ async def initial_test(client, config: BenchConfig, request: BenchRequest, retry
         result = await send_request(client, config, request)
         if result.success or (result.http_status == 200 and not result.chunk_times and result.error == NO_TEXT):
             return result
-        not_up = result.http_status is None or result.http_status >= 500
-        if not not_up or time.monotonic() + retry_interval_s > deadline:
+        not_up = result.http_status is None or result.http_status >= 500 or result.http_status == 429
+        wait = max(retry_interval_s, result.retry_after_s or 0.0)
+        if not not_up or time.monotonic() + wait > deadline:
             raise ValueError(f"the initial test request failed, so the benchmark did not start (check "
                              f"--base-url, --model and the other arguments): {result.error}")
-        await asyncio.sleep(retry_interval_s)
+        await asyncio.sleep(wait)
 
 
 async def _gather_limited(limit: asyncio.Semaphore | None, coroutines: list) -> list:
@@ -276,6 +294,7 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest],
     bar = tqdm(total=len(requests), desc=f"rate {json_rate(config.request_rate)}", unit="req",
                disable=not progress, leave=False)
     results: list[RequestResult | None] = [None] * len(requests)
+    policy = config.retry_policy
 
     async with httpx.AsyncClient(timeout=config.timeout_s, headers=headers, limits=limits) as client:
         if config.initial_test:
@@ -288,11 +307,13 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest],
             delay = start + offsets[i] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            rng = random.Random(config.seed * 1_000_003 + i)  # this request's jitter, run to run the same
+            send = functools.partial(send_request, client, config, requests[i])
             if limit is not None:
-                async with limit:
-                    result = await send_request(client, config, requests[i])
+                async with limit:  # a request waiting to retry keeps its slot, as a real client does
+                    result = await with_retries(send, policy, rng)
             else:
-                result = await send_request(client, config, requests[i])
+                result = await with_retries(send, policy, rng)
             results[i] = result
             bar.update(1)
             if on_result is not None:

@@ -31,7 +31,7 @@ from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool
 from ..kv_cache.block_table import cdiv
 from ..kv_cache.paged import PagedKVCache
-from ..kv_cache.sizing import decide_num_kv_blocks
+from ..kv_cache.sizing import KVCacheBudget, decide_num_kv_blocks
 from ..models import CausalLM
 from ..outputs import RequestOutput
 from ..request import Request, RequestStatus
@@ -73,6 +73,9 @@ class LLMEngine:
             self.config, model.config, model.dtype, model.device, self.max_model_len,
             draft_model_config=None if draft is None else draft.config,
         )
+        self.kv_budget = KVCacheBudget.of(model.config, model.dtype, self.config.block_size, num_blocks,
+                                          None if draft is None else draft.config)
+        self._derive_max_model_len()
         self.trace = StepTrace()
         self.block_pool = BlockPool(
             num_blocks,
@@ -105,6 +108,21 @@ class LLMEngine:
             self.spec_decoding_stats = SpecDecodingStats(spec.num_speculative_tokens)
         self.requests: dict[str, Request] = {}
         self.num_steps = 0
+
+    def _derive_max_model_len(self) -> None:
+        """Memory before architecture: a `max_model_len` the caller did not set is cut to what
+        one request alone can hold in the pool (vLLM derives it the same way), so the context
+        the server reports and enforces is the one it can really give.  One the caller set is
+        kept: requests above the pool are then refused one by one (`add_prepared_request`)."""
+        processor = self.input_processor
+        if processor.max_model_len_reason is not None:  # the caller's, or already derived
+            return
+        fits = self.kv_budget.max_context_len(1)
+        if fits < self.max_model_len:
+            self.max_model_len = processor.max_model_len = fits
+            processor.max_model_len_reason = (
+                f"derived from the KV cache: {self.kv_budget.num_blocks} blocks x {self.config.block_size} "
+                f"tokens = {fits} tokens for one request alone")
 
     @property
     def decode_graphs(self) -> DecodeGraphRunner | None:

@@ -2,7 +2,10 @@
 
 Contract: `add_serve_parser(subparsers)` registers the subcommand (engine options use vLLM's
 flag names); its `run` builds the `LLM` (record_trace off: a server runs for hours) and serves
-until Ctrl-C, returning 2 with the reason on bad arguments.
+until Ctrl-C, returning 2 with the reason on bad arguments (a keys file that does not parse
+included: the message names its line or the key and field).  `--rate-limit-rpm` /
+`--rate-limit-tpm` limit every API key (rate_limit.py); `--api-keys-file` lists the keys
+allowed, each with its own limits.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from ..cli_types import json_object
 from ..device import cpu_threads_for
 from ..llm import LLM
 from . import DEFAULT_HOST
+from .rate_limit import RateLimiter, RateLimits, load_keys_file
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +73,19 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         help="name(s) clients use in 'model', as vLLM takes them: --served-model-name a b "
                              "(default: MODEL as given, e.g. Qwen/Qwen3-0.6B)")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    limits = parser.add_argument_group("rate limits (per API key, 429 with Retry-After over them)")
+    limits.add_argument("--rate-limit-rpm", type=int, default=None, metavar="N",
+                        help="requests per minute for every key (default: unlimited)")
+    limits.add_argument("--rate-limit-tpm", type=int, default=None, metavar="N",
+                        help="tokens per minute for every key: prompt + max_tokens reserved at admission, "
+                             "settled to the real count at completion (default: unlimited)")
+    limits.add_argument("--api-keys-file", default=None, metavar="KEYS.json",
+                        help='the keys allowed and their limits: {"KEY": {"requests_per_minute": 60, '
+                             '"tokens_per_minute": 10000}}; a field left out takes --rate-limit-*; '
+                             "any other key is a 401")
+    limits.add_argument("--rate-limit-period", type=float, default=60.0, metavar="SECONDS",
+                        help="the time the limits count over (default 60: per minute, as their names say; "
+                             "a demo shortens it so that a spike of traffic resolves in seconds)")
     parser.add_argument("--shutdown-timeout", type=float, default=5.0,
                         help="seconds in-flight requests get to finish on Ctrl-C before they are aborted")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -77,17 +94,38 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+def rate_limiter_from_args(args: argparse.Namespace) -> RateLimiter | None:
+    """The limiter the flags ask for (None: no limit, no keys file); raises ValueError."""
+    for flag, value in (("--rate-limit-rpm", args.rate_limit_rpm), ("--rate-limit-tpm", args.rate_limit_tpm)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if not args.rate_limit_period > 0:
+        raise ValueError(f"--rate-limit-period must be > 0 seconds, got {args.rate_limit_period}")
+    defaults = RateLimits(args.rate_limit_rpm, args.rate_limit_tpm)
+    if args.api_keys_file is not None:
+        if args.api_key is not None:
+            raise ValueError("give --api-key or --api-keys-file, not both")
+        return RateLimiter(defaults, load_keys_file(args.api_keys_file, defaults), period_s=args.rate_limit_period)
+    return None if defaults.is_unlimited else RateLimiter(defaults, period_s=args.rate_limit_period)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:
         if not 0 < args.port < 65536:
             raise ValueError(f"--port must be in 1..65535, got {args.port}")
+        limiter = rate_limiter_from_args(args)  # before the model loads: a bad keys file fails fast
         llm = llm_from_args(args)
     except (ValueError, TypeError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"[{llm}, torch threads: {torch.get_num_threads()}]", file=sys.stderr)
+    engine = llm.engine
+    print(engine.kv_budget.describe((1, engine.config.max_num_seqs)), file=sys.stderr)
+    print(f"  max_model_len: {llm.max_model_len:,}"
+          f" ({llm.input_processor.max_model_len_reason or 'the architecture'})", file=sys.stderr)
     from .openai.api_server import serve  # FastAPI and uvicorn: the "serve" extra
 
     print(f"[serving on http://{args.host}:{args.port}/v1, Ctrl-C to stop]", file=sys.stderr)
-    serve(llm, args.host, args.port, args.served_model_name, args.api_key, args.shutdown_timeout, args.log_level)
+    serve(llm, args.host, args.port, args.served_model_name, args.api_key, args.shutdown_timeout, args.log_level,
+          limiter)
     return 0

@@ -142,10 +142,11 @@ def concurrency_under_budget(
     steps = llm.engine.trace.steps_dataframe()
     crowded = steps[steps["num_waiting"] > 0]
     budget = num_kv_blocks * block_size
-    max_tokens = sampling_params.max_tokens or llm.max_model_len
-    reservations = [
-        min(len(llm.tokenizer.encode(p)) + max_tokens, llm.max_model_len) for p in prompts
-    ]
+    # A contiguous cache reserves the model's whole context per request: the architecture's,
+    # not the max_model_len the paged engine derived from this small pool.
+    context = llm.config.max_position_embeddings
+    max_tokens = sampling_params.max_tokens or context
+    reservations = [min(len(llm.tokenizer.encode(p)) + max_tokens, context) for p in prompts]
     return BudgetResult(
         num_kv_blocks=num_kv_blocks,
         block_size=block_size,
@@ -155,7 +156,7 @@ def concurrency_under_budget(
         num_preemptions=int(steps["num_preempted"].sum()),
         num_steps=len(steps),
         fits_max_tokens=contiguous_capacity(budget, reservations),
-        fits_max_model_len=budget // llm.max_model_len,
+        fits_max_model_len=budget // context,
         steps=steps,
     )
 

@@ -21,6 +21,13 @@ Every error is an OpenAI-style body {"error": {"message", "type", "param", "code
 A client that disconnects has its request aborted at once, streamed or not.  With `api_key`
 set, every route but /health needs "Authorization: Bearer <key>".
 
+With a `rate_limiter` (rate_limit.py), the two generating routes are limited per API key: a
+request is tokenized and validated, then admitted for prompt + max_tokens tokens, or answered
+429 with Retry-After and x-ratelimit-* headers before the engine sees it; when it ends, the
+reservation is settled to the tokens it really used (an abort: what was computed so far; a
+failure of the server's own: all refunded).  Every answer of those routes carries the key's
+x-ratelimit-* headers.  With a keys file, a key not in it is a 401.
+
 `serve(llm, host, port)` runs it in the foreground (the CLI); `ServerThread` runs it in a
 background thread on a free loopback port (tests, notebooks).
 """
@@ -43,6 +50,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ...llm import LLM
 from .. import DEFAULT_HOST
 from ..async_engine import AsyncLLMEngine
+from ..rate_limit import RateLimiter, RateLimitExceeded, Reservation
 from ..chat_template import chat_format_for
 from ..metrics import ServerMetrics
 from ... import __version__
@@ -54,7 +62,7 @@ from .protocol import (
     ModelList,
     TokenizeRequest,
 )
-from .serving import APIError, OpenAIServing, sse
+from .serving import APIError, OpenAIServing, Prepared, sse
 from .serving_tokenization import detokenize, tokenize, tokenizer_info
 
 
@@ -64,7 +72,10 @@ def model_root(llm: LLM) -> str:
     return llm.model_name if llm.model_name != "None" else llm.model_path.name
 
 
-def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: str | None = None) -> FastAPI:
+def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: str | None = None,
+              rate_limiter: RateLimiter | None = None) -> FastAPI:
+    if api_key is not None and rate_limiter is not None and rate_limiter.keys is not None:
+        raise ValueError("give api_key or a keys file (rate_limiter.keys), not both")
     root = model_root(llm)
     names = list(served_model_names or [root])
     engine = AsyncLLMEngine(llm)
@@ -81,12 +92,18 @@ def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: st
 
     app = FastAPI(title="minilm-engine OpenAI-compatible server", lifespan=lifespan)
     app.state.engine, app.state.serving, app.state.metrics = engine, serving, metrics
+    app.state.rate_limiter = rate_limiter
+    keys_file = rate_limiter is not None and rate_limiter.keys is not None
 
     @app.middleware("http")
     async def check_api_key(request: Request, call_next):
-        if api_key is not None and request.url.path != "/health":
+        if request.url.path != "/health":
             given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            if api_key is not None:
+                allowed = hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode())
+            else:
+                allowed = not keys_file or rate_limiter.knows(bearer_key(given))
+            if not allowed:
                 return _error(APIError(401, "Incorrect or missing API key: send the header "
                                        "'Authorization: Bearer <key>'.", None, "invalid_api_key"))
         return await call_next(request)
@@ -144,13 +161,14 @@ def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: st
         body = await _parse(raw, CompletionRequest)
         prepared = serving.prepare_completion(body)
         return await _answer(raw, serving, prepared, body.stream, serving.stream_completion,
-                             serving.completion_response)
+                             serving.completion_response, admit(rate_limiter, raw, prepared))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
         body = await _parse(raw, ChatCompletionRequest)
         prepared = serving.prepare_chat(body)
-        return await _answer(raw, serving, prepared, body.stream, serving.stream_chat, serving.chat_response)
+        return await _answer(raw, serving, prepared, body.stream, serving.stream_chat, serving.chat_response,
+                             admit(rate_limiter, raw, prepared))
 
     return app
 
@@ -178,9 +196,46 @@ async def _parse(raw: Request, model):
                        "invalid_value") from None
 
 
-async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, streamer, collector):
-    request_streams = await serving.submit(prepared)
+def bearer_key(authorization: str) -> str:
+    """The KEY of "Bearer KEY" ("" when the header is missing or has no bearer token)."""
+    scheme, _, key = authorization.partition(" ")
+    return key.strip() if scheme.lower() == "bearer" else ""
+
+
+def admit(limiter: RateLimiter | None, raw: Request, prepared: Prepared) -> Reservation | None:
+    """Reserve prompt + max_tokens of every prompt of the request, or a 429 (nothing reserved,
+    nothing sent to the engine)."""
+    if limiter is None or not limiter.is_enabled:
+        return None
+    cost = sum(r.num_prompt_tokens + r.max_new_tokens for r in prepared.requests)
+    try:
+        return limiter.admit(bearer_key(raw.headers.get("authorization", "")), cost)
+    except RateLimitExceeded as e:
+        raise APIError(429, e.message, None, "rate_limit_exceeded", type=e.kind, headers=e.headers()) from None
+
+
+def _tokens_used(prepared: Prepared) -> int:
+    return sum(r.num_prompt_tokens + len(r.output_token_ids) for r in prepared.requests)
+
+
+async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, streamer, collector,
+                  reservation: Reservation | None = None):
+    limiter: RateLimiter | None = raw.app.state.rate_limiter
+
+    def close(failed: bool) -> None:  # the reservation: refunded if nothing ran, else settled
+        if reservation is not None:
+            if failed:
+                limiter.refund(reservation)
+            else:
+                limiter.settle(reservation, _tokens_used(prepared))
+
+    try:
+        request_streams = await serving.submit(prepared)
+    except BaseException:
+        close(failed=True)
+        raise
     response_id = prepared.response_id
+    headers = {"X-Request-Id": response_id, **({} if reservation is None else reservation.status.headers())}
 
     def abort_all() -> None:  # finished requests: ignored; the others: freed at once
         for request_id in prepared.request_ids:
@@ -188,17 +243,19 @@ async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, 
 
     if stream:
         async def events():
+            failed = False
             try:
                 async for line in streamer(prepared, request_streams):
                     yield line
             except RuntimeError as e:  # the engine step failed: say so in the stream, then end it
+                failed = True
                 yield sse(APIError(500, str(e), None, "engine_error", type="server_error").body())
             finally:  # finished, or the client left (cancelled here)
                 abort_all()
+                close(failed)
 
         return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                          "X-Request-Id": response_id})
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
     # Not streamed: still abort when the client goes away before the answer is ready.
     answer = asyncio.ensure_future(collector(prepared, request_streams))
     gone = asyncio.ensure_future(_disconnected(raw))
@@ -209,9 +266,10 @@ async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, 
         if not answer.done():
             answer.cancel()
             abort_all()
+        close(failed=answer.done() and not answer.cancelled() and answer.exception() is not None)
     if answer.cancelled():
         return Response(status_code=499)  # nobody reads it: the client is gone
-    return JSONResponse(answer.result(), headers={"X-Request-Id": response_id})
+    return JSONResponse(answer.result(), headers=headers)
 
 
 async def _disconnected(raw: Request) -> None:
@@ -222,16 +280,17 @@ async def _disconnected(raw: Request) -> None:
 
 
 def _error(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
 # -- running it ---------------------------------------------------------------------------------
 
 
 def serve(llm: LLM, host: str = DEFAULT_HOST, port: int = 8000, served_model_names: list[str] | None = None,
-          api_key: str | None = None, shutdown_timeout: float = 5.0, log_level: str = "info") -> None:
+          api_key: str | None = None, shutdown_timeout: float = 5.0, log_level: str = "info",
+          rate_limiter: RateLimiter | None = None) -> None:
     """Serve until Ctrl-C: in-flight requests get `shutdown_timeout` s to finish, then are aborted."""
-    app = build_app(llm, served_model_names, api_key)
+    app = build_app(llm, served_model_names, api_key, rate_limiter)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout)
 
 
@@ -251,8 +310,8 @@ class ServerThread:
 
     def __init__(self, llm: LLM, host: str = DEFAULT_HOST, port: int | None = None,
                  served_model_names: list[str] | None = None, api_key: str | None = None,
-                 shutdown_timeout: float = 2.0):
-        self.app = build_app(llm, served_model_names, api_key)
+                 shutdown_timeout: float = 2.0, rate_limiter: RateLimiter | None = None):
+        self.app = build_app(llm, served_model_names, api_key, rate_limiter)
         self.engine: AsyncLLMEngine = self.app.state.engine
         self.host, self.port = host, port or free_port(host)
         config = uvicorn.Config(self.app, host=host, port=self.port, log_level="warning",

@@ -40,12 +40,14 @@ from .protocol import (
 
 
 class APIError(Exception):
-    """An error answered to the client as {"error": {message, type, param, code}}."""
+    """An error answered to the client as {"error": {message, type, param, code}}, with
+    `headers` added to the answer (a 429's Retry-After and x-ratelimit-*)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):
+                 type: str = "invalid_request_error", headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -111,7 +113,8 @@ class OpenAIServing:
                 400,
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {request.num_prompt_tokens + max_tokens} tokens ({request.num_prompt_tokens} "
-                f"in the prompt, {max_tokens} for the completion). Reduce the prompt or max_tokens.",
+                f"in the prompt, {max_tokens} for the completion{self.engine.llm.input_processor.context_note()}). "
+                f"Reduce the prompt or max_tokens.",
                 "max_tokens", "context_length_exceeded",
             )
         return request
