@@ -1,7 +1,8 @@
 """`minilm-engine generate "prompt"`: stream a completion to the terminal and report tokens/s.
 
 `minilm-engine quantize MODEL OUT --quantization int4`: write a quantized checkpoint.
-Also `minilm-engine serve` (entrypoints/cli.py) and `minilm-engine bench serve` (bench/cli.py).
+Also `minilm-engine serve` and `run-batch` (entrypoints/cli.py) and `minilm-engine bench serve`
+(bench/cli.py).
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_quantize_parser(sub)
     # Serving: each subcommand sets `run`, which main() calls.
     from .bench.cli import add_bench_parser
-    from .entrypoints.cli import add_serve_parser
+    from .entrypoints.cli import add_run_batch_parser, add_serve_parser
 
     add_serve_parser(sub)
+    add_run_batch_parser(sub)
     add_bench_parser(sub)
     return parser
 

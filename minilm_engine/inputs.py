@@ -40,9 +40,14 @@ class InputProcessor:
         self.device = device
         self.seed = seed
 
-    def make_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> Request:
+    def make_request(
+        self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0
+    ) -> Request:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {params!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            # Any int, negative ones too (vLLM's rule): lower is served first.
+            raise TypeError(f"priority must be an int (lower is served first), got {priority!r}")
         if isinstance(prompt, str):
             # verbose=False: a prompt longer than the tokenizer's model_max_length gets our own
             # error below, which names max_model_len, instead of a warning from transformers.
@@ -77,6 +82,7 @@ class InputProcessor:
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.max_model_len,
             generator=generator,
+            priority=priority,
         )
 
     def context_note(self) -> str:

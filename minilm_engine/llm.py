@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .engine.config import EngineConfig
+from .engine.llm_engine import check_priority
 from .device import resolve_device, resolve_dtype
 from .inputs import SET_BY_CALLER, InputProcessor, PromptType
 from .models import load_model, resolve_model_path
@@ -44,6 +45,8 @@ class LLM:
             enable_chunked_prefill, attention_backend ("auto", "torch", "triton"), enforce_eager
             (True: no CUDA graphs for decode steps; they are captured on CUDA with Triton),
             record_trace (False: keep no per-step records in `llm.engine.trace`),
+            scheduling_policy ("fcfs", the default, or "priority": requests served by their
+            `priority`, lower first, then by arrival; see engine/request_queue.py),
             speculative_config ({"model": DRAFT, "num_speculative_tokens": K}: a draft model
             proposes K tokens per step and the target verifies them in one forward; DRAFT is a
             folder, a hub id or "noodle-apprentice").
@@ -85,6 +88,11 @@ class LLM:
         if engine_config.speculative_config is not None and strategy != "continuous":
             raise ValueError(
                 f"speculative decoding runs in the continuous engine; strategy={strategy!r} cannot use it"
+            )
+        if engine_config.scheduling_policy != "fcfs" and strategy != "continuous":
+            raise ValueError(
+                f"scheduling_policy={engine_config.scheduling_policy!r} runs in the continuous engine; "
+                f"strategy={strategy!r} serves in its own order"
             )
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
@@ -159,8 +167,10 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        priority: Sequence[int] | None = None,
     ) -> list[Request]:
-        """Tokenize and validate prompts into `Request`s (one per prompt)."""
+        """Tokenize and validate prompts into `Request`s (one per prompt); `priority`: one
+        int per prompt (lower first), with scheduling_policy="priority"."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if not isinstance(prompts, Sequence) or isinstance(prompts, bytes):
@@ -180,12 +190,28 @@ class LLM:
                 )
             if not all(isinstance(p, SamplingParams) for p in params_list):
                 raise TypeError("sampling_params must be SamplingParams or a list of them")
-        return [self._make_request(p, sp) for p, sp in zip(prompts, params_list)]
+        priorities = self._priorities(priority, len(prompts))
+        return [self._make_request(p, sp, pr) for p, sp, pr in zip(prompts, params_list, priorities)]
 
-    def _make_request(self, prompt: PromptType, params: SamplingParams) -> Request:
+    def _priorities(self, priority: Sequence[int] | None, num_prompts: int) -> list[int]:
+        """One priority per prompt (vLLM's `generate(..., priority=[...])`), checked up front."""
+        if priority is None:
+            return [0] * num_prompts
+        if isinstance(priority, (int, str, bytes)) or not isinstance(priority, Sequence):
+            raise TypeError(f"priority must be a list of ints, one per prompt, got {priority!r}")
+        if len(priority) != num_prompts:
+            raise ValueError(f"got {len(priority)} priorities for {num_prompts} prompts; pass one per prompt")
+        policy = self.strategy.config.scheduling_policy
+        for p in priority:
+            if isinstance(p, bool) or not isinstance(p, int):
+                raise TypeError(f"priority must be a list of ints (lower is served first), got {p!r} in it")
+            check_priority(p, policy)
+        return list(priority)
+
+    def _make_request(self, prompt: PromptType, params: SamplingParams, priority: int = 0) -> Request:
         # The id is taken only once the request is valid: a refused prompt must not shift
         # the ids (and so the default seeds) of the requests after it.
-        request = self.input_processor.make_request(str(self._num_requests), prompt, params)
+        request = self.input_processor.make_request(str(self._num_requests), prompt, params, priority)
         self._num_requests += 1
         return request
 
@@ -196,9 +222,11 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generate completions for every prompt; outputs come back in prompt order."""
-        requests = self.make_requests(prompts, sampling_params)
+        """Generate completions for every prompt; outputs come back in prompt order.
+        `priority`: one int per prompt, lower served first (scheduling_policy="priority")."""
+        requests = self.make_requests(prompts, sampling_params, priority)
         for request in requests:
             request.incremental_text = False  # only finished texts are returned: decode once
         progress = _progress_bar(len(requests), enabled=use_tqdm)

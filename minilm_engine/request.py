@@ -49,6 +49,9 @@ class Request:
     eos_token_ids: tuple[int, ...]
     max_model_len: int
     generator: torch.Generator | None = None
+    # Scheduling rank under scheduling_policy="priority" (vLLM's convention: lower is served
+    # first, 0 the default; the server's batch tier is a large value).  Ignored under "fcfs".
+    priority: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     output_text: str = ""
     status: RequestStatus = RequestStatus.WAITING

@@ -116,3 +116,26 @@ def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_
     # llama.cpp is not a dependency: without it the script says it skipped it and why
     if data["llama_cpp"]["skipped"] is not None:
         assert "llama.cpp: skipped: " in out
+
+
+def test_tiers_benchmark_prints_its_three_parts(tmp_path):
+    out = run([sys.executable, "tiers.py", "--quick", "--json", str(tmp_path / "tiers.json")], ROOT / "benchmarks").stdout
+    for part in ("\n1. ", "\n2. ", "\n3. "):
+        assert part in out, out
+    data = json.loads((tmp_path / "tiers.json").read_text())
+    assert set(data["conditions"]) == {"fcfs", "fcfs+backlog", "priority", "priority+backlog"}
+    assert 0 <= data["batch_discount"] < 1
+
+
+def test_disaggregation_benchmark_prints_every_cell_and_the_same_tokens(tmp_path):
+    out = run([sys.executable, "disaggregation.py", "--quick", "--json", str(tmp_path / "d.json")],
+              ROOT / "benchmarks").stdout
+    for label in ("decode ITL P50 (ms)", "decode ITL P99 (ms)", "TTFT, long prompts (ms)", "KV sent (MiB)"):
+        line = next(line for line in out.splitlines() if line.startswith(label))
+        assert line.count("[") == 3, out  # one median [min-max] per configuration
+    assert "same tokens in every configuration and repeat: True" in out, out
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert [r["config"] for r in data["summary"]] == ["mixed", "chunked", "disagg"]
+    assert len(data["runs"]) == 6 and data["same_tokens"]
+    disagg = data["summary"][2]
+    assert disagg["kv_tokens"] + disagg["kv_cached_tokens"] > 0 and data["summary"][0]["kv_mib"] == 0

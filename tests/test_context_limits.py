@@ -86,3 +86,19 @@ def test_serve_prints_the_arithmetic_at_startup(monkeypatch, capsys):
     for piece in ("B per token per layer", "40 blocks x 8 tokens = 320 tokens", "concurrency 4:",
                   "= 80 tokens", "max_model_len: 320 (derived from the KV cache"):
         assert piece in err
+
+
+@pytest.mark.parametrize("num_kv_blocks, block_size, concurrency", [(64, 16, 4), (40, 8, 3)])
+def test_the_engine_runs_all_requests_side_by_side_exactly_up_to_the_limit(num_kv_blocks, block_size, concurrency):
+    from minilm_engine.experiments.context_limits import context_at_concurrency
+
+    limit = max_context_len(num_kv_blocks, block_size, concurrency, 1024)
+    table = context_at_concurrency(num_kv_blocks=num_kv_blocks, block_size=block_size, concurrency=concurrency,
+                                   lengths=[limit - block_size, limit, limit + block_size + 1, 2 * limit])
+    within, above = table[table["within limit"]], table[~table["within limit"]]
+    assert len(within) == 2 and len(above) == 2
+    assert (within["most running at once"] == concurrency).all() and (within["preemptions"] == 0).all()
+    # Above it the pool runs out: fewer at once, or preempted mid-generation, and more steps.
+    assert ((above["most running at once"] < concurrency) | (above["preemptions"] > 0)).all()
+    assert above["steps"].min() > within["steps"].max()
+    assert f"concurrency {concurrency}:" in table.attrs["arithmetic"]

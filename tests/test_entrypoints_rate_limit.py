@@ -96,6 +96,10 @@ def test_a_limited_request_does_no_engine_work_and_holds_no_block(served):
     for _ in range(5):
         assert post(served, "work-key", HUGE, 400, stream=True).status_code == 429
     assert engine.num_steps == steps and served.engine.stats.num_aborted == ended
+    scraped = httpx.get(served.url + "/metrics").text
+    refused = [line for line in scraped.splitlines()
+               if line.startswith("minilm:num_requests_rate_limited_total") and 'limit="tokens"' in line]
+    assert len(refused) == 1 and float(refused[0].rsplit(" ", 1)[1]) >= 6  # counted, never run
     assert engine.block_pool.num_used_blocks == 0 and not engine.requests
     assert post(served, "other-key", SMALL, 4).status_code == 200  # other keys are unaffected
 

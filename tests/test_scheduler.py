@@ -34,7 +34,7 @@ def make_scheduler(num_blocks: int, block_size: int = 4, **config) -> Scheduler:
 
 
 def make_request(
-    request_id: str, prompt, max_tokens: int = 4, max_model_len: int = 64, eos=()
+    request_id: str, prompt, max_tokens: int = 4, max_model_len: int = 64, eos=(), priority: int = 0
 ) -> Request:
     return Request(
         request_id=request_id,
@@ -43,6 +43,7 @@ def make_request(
         sampling_params=SamplingParams(temperature=0, max_tokens=max_tokens),
         eos_token_ids=tuple(eos),
         max_model_len=max_model_len,
+        priority=priority,
     )
 
 
@@ -286,7 +287,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         chunked=st.booleans(),
         caching=st.booleans(),
     )
-    def setup(self, block_size, num_blocks, budget, max_num_seqs, chunked, caching):
+    def setup(self, block_size, num_blocks, budget, max_num_seqs, chunked, caching, policy="fcfs"):
         # Every request fits the whole pool alone (the engine refuses the others), and without
         # chunked prefill every sequence fits one step's budget (the engine insists on that).
         self.max_model_len = min(num_blocks * block_size, 20)
@@ -299,6 +300,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_num_seqs=max_num_seqs,
             enable_chunked_prefill=chunked,
             enable_prefix_caching=caching,
+            scheduling_policy=policy,
         )
         self.pool = self.scheduler.block_manager.block_pool
         self.kv: list[tuple | None] = [None] * (num_blocks * block_size)
@@ -313,12 +315,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_tokens=st.integers(1, 12),
         copies=st.integers(1, 3),
     )
-    def add_request(self, prefix, suffix, max_tokens, copies=1):
+    def add_request(self, prefix, suffix, max_tokens, copies=1, priority=0):
         # Copies arrive together: identical prompts computing the same blocks in one step.
         prompt = (list(prefix) + suffix)[: self.max_model_len - 1] or [1]
         for _ in range(copies):
             r = make_request(
-                str(len(self.requests)), prompt, max_tokens, self.max_model_len, eos=(EOS,)
+                str(len(self.requests)), prompt, max_tokens, self.max_model_len, eos=(EOS,),
+                priority=priority,
             )
             worst_case = cdiv(
                 r.num_prompt_tokens + r.max_new_tokens, self.scheduler.config.block_size
@@ -351,7 +354,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     def one_step(self, rng: random.Random) -> SchedulerOutput:
         s = self.scheduler
         config, manager = s.config, s.block_manager
+        waiting_before = {r.request_id for r in s.waiting}
         out = s.schedule()
+        self.check_schedule(out, waiting_before)
         if s.has_unfinished_requests():
             assert not out.is_empty, "no progress although requests are waiting: deadlock"
         assert sum(x.num_new_tokens for x in out.scheduled) <= config.max_num_batched_tokens
@@ -385,6 +390,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.num_steps += 1
         return out
 
+    def check_schedule(self, out: SchedulerOutput, waiting_before: set[str]) -> None:
+        """Checks of one step's decision, right after schedule() (the policy's own rules)."""
+
+    def step_bound(self, unfinished: list[Request]) -> int:
+        """Steps within which every request finishes from here: the oldest running request
+        computes at least one token per step and is never preempted, so the work left bounds
+        the steps left."""
+        return sum(r.num_prompt_tokens + r.max_new_tokens for r in unfinished) + 1
+
     # -- invariants -------------------------------------------------------------------------
     @invariant()
     def bookkeeping(self):
@@ -411,15 +425,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             for block in table:
                 held[block.block_id] += 1
         assert held == [block.ref_cnt for block in self.pool.blocks]
-        # Running then waiting is arrival order: preemption takes the newest, requeues it first.
-        order = [int(r.request_id) for r in running + waiting]
-        assert order == sorted(order)
+        if s.config.scheduling_policy == "fcfs":
+            # Running then waiting is arrival order: preemption takes the newest, requeues it first.
+            order = [int(r.request_id) for r in running + waiting]
+            assert order == sorted(order)
 
     def teardown(self):
-        # From any state, every request finishes: the oldest running request computes at least
-        # one token per step and is never preempted, so the work left bounds the steps left.
-        unfinished = [r for r in self.requests if not r.finished]
-        bound = sum(r.num_prompt_tokens + r.max_new_tokens for r in unfinished) + 1
+        # From any state, every request finishes within a proven number of steps.
+        bound = self.step_bound([r for r in self.requests if not r.finished])
         rng = random.Random(0)
         for _ in range(bound):
             if not self.scheduler.has_unfinished_requests():

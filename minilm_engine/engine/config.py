@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..attention.backends import ATTENTION_BACKENDS
 from ..spec_decode.config import SpeculativeConfig
+from .request_queue import SCHEDULING_POLICIES
 
 
 @dataclass
@@ -34,6 +35,9 @@ class EngineConfig:
     # DRAFT a folder, a hub id or "noodle-apprentice".  Parsed into a SpeculativeConfig; None or
     # K = 0: no speculation.
     speculative_config: SpeculativeConfig | dict | None = None
+    # Who goes first (vLLM's --scheduling-policy): "fcfs" (arrival order, the default) or
+    # "priority" (each request's priority, lower first, then arrival; see request_queue.py).
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -54,6 +58,10 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}"
+            )
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"

@@ -46,6 +46,17 @@ from .model_runner import ModelRunner
 from .scheduler import Scheduler, SchedulerOutput, is_decoding
 from .trace import ScheduledChunk, StepCallback, StepRecord, StepTrace
 
+def check_priority(priority: int, scheduling_policy: str) -> None:
+    """vLLM's rule: a priority other than 0 needs the priority policy (under fcfs it would be
+    silently ignored)."""
+    if priority != 0 and scheduling_policy != "priority":
+        raise ValueError(
+            f"got priority {priority}, but priority scheduling is not enabled "
+            f"(scheduling_policy={scheduling_policy!r}); start the engine with "
+            "scheduling_policy='priority' (--scheduling-policy priority)"
+        )
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -148,18 +159,31 @@ class LLMEngine:
     # -- requests ---------------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt: PromptType, sampling_params: SamplingParams | None = None
+        self,
+        request_id: str,
+        prompt: PromptType,
+        sampling_params: SamplingParams | None = None,
+        priority: int = 0,
     ) -> Request:
-        """Validate, tokenize and queue a request; raises ValueError/TypeError if it is bad."""
+        """Validate, tokenize and queue a request; raises ValueError/TypeError if it is bad.
+        `priority`: lower is served first, under scheduling_policy="priority" only."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {request_id!r}")
-        request = self.input_processor.make_request(request_id, prompt, sampling_params or SamplingParams())
+        request = self.input_processor.make_request(
+            request_id, prompt, sampling_params or SamplingParams(), priority
+        )
         self.add_prepared_request(request)
         return request
 
     def add_prepared_request(self, request: Request) -> None:
+        self._check_new_request(request)
+        self.requests[request.request_id] = request
+        self.scheduler.add_request(request)
+
+    def _check_new_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        check_priority(request.priority, self.config.scheduling_policy)
         # A request that could not fit the whole pool even alone would be preempted forever.
         worst_case = request.num_prompt_tokens + request.max_new_tokens
         blocks_needed = cdiv(worst_case, self.config.block_size)
@@ -169,8 +193,6 @@ class LLMEngine:
                 f"({blocks_needed} blocks of {self.config.block_size}), but the whole pool has "
                 f"{self.block_pool.num_blocks} blocks; lower max_tokens or grow num_kv_blocks"
             )
-        self.requests[request.request_id] = request
-        self.scheduler.add_request(request)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks; unknown or finished ids are ignored."""
@@ -179,6 +201,61 @@ class LLMEngine:
             return
         self._release(request)
         request.abort()
+
+    # -- KV transfer hooks (distributed/kv_transfer/: disaggregated prefill) ---------------
+    #
+    #   producer: step() samples a prompt's first token ──> detach_request(id): the request
+    #             leaves the batch, its blocks stay ──> (KV copied out) ──> block_manager.free(id)
+    #   consumer: block_manager.allocate_slots(...) for the prompt, KV copied in, commit(...)
+    #             ──> add_computed_request(request): it joins the batch, its next step a decode
+
+    def detach_request(self, request_id: str) -> Request:
+        """Take a running request out of this engine, unfinished, with its KV blocks kept.
+
+        The request is no longer scheduled here; its block table stays in `block_manager`
+        (counted as used) until the caller has copied the KV out and calls
+        `block_manager.free(request_id)`.  Raises ValueError unless the request is running.
+        """
+        request = self.requests.get(request_id)
+        if request is None or request.status is not RequestStatus.RUNNING:
+            raise ValueError(f"request {request_id!r} is not running in this engine")
+        self.scheduler.detach(request)
+        if self.proposer is not None:
+            self.proposer.free(request_id)
+        del self.requests[request_id]
+        return request
+
+    def can_add_computed_request(self) -> bool:
+        """Whether `add_computed_request` has a batch slot now.  A consumer with preempted
+        requests waiting is short of memory: it takes no new ones until they are back."""
+        return len(self.scheduler.running) < self.config.max_num_seqs and not self.scheduler.waiting
+
+    def add_computed_request(self, request: Request) -> None:
+        """Admit a request whose KV is already computed: "start it with these blocks".
+
+        The caller allocated the request's block table in this engine's `block_manager`
+        (`allocate_slots`), wrote the KV of its first `request.num_computed_tokens` tokens into
+        those slots and committed them; every token but the last sampled one must be computed
+        (`is_decoding`).  The request joins the running batch and its next step is a decode.
+        Raises ValueError (KeyError: no block table) and changes nothing if any of that does
+        not hold; the caller still owns the table then.
+        """
+        self._check_new_request(request)
+        if request.finished or not is_decoding(request):
+            raise ValueError(
+                f"request {request.request_id!r} must be unfinished with every token but its last "
+                f"computed ({request.num_computed_tokens} of {request.num_tokens} are)"
+            )
+        table = self.block_manager.get_block_table(request.request_id)  # KeyError if none
+        if len(table) * self.config.block_size < request.num_computed_tokens:
+            raise ValueError(
+                f"request {request.request_id!r}: its {len(table)} blocks cannot hold its "
+                f"{request.num_computed_tokens} computed tokens"
+            )
+        if not self.can_add_computed_request():
+            raise ValueError("no batch slot: check can_add_computed_request() first")
+        self.requests[request.request_id] = request
+        self.scheduler.add_running(request)
 
     def _release(self, request: Request) -> None:
         """Free a finished or aborted request's blocks, the draft's too."""

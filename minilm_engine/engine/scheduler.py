@@ -13,6 +13,13 @@ all requests draw on the same budget (vLLM v1's scheduler):
        (so nothing is lost and the oldest requests always make progress);
     3. then waiting requests, oldest first, reusing cached prefix blocks where they can.
 
+That is the "fcfs" policy (the default).  Under `scheduling_policy="priority"` (service tiers,
+`request_queue.py`) both lists are kept in rank order, (priority, arrival), and the step walks
+them merged by rank: a waiting request that outranks a running one is admitted before the
+running one gets its tokens, so batch work (a large priority) gets what interactive work leaves
+of the budget; the request preempted in 2 is the last in rank, batch before interactive; and in
+3 a full batch gives its last-ranked seat to a waiting request that outranks it.
+
 Data flows one way through an engine step, and the scheduler owns both ends of it:
 
     drafts (spec_decode) ──> schedule(drafts) ──> SchedulerOutput ──> ModelRunner.execute
@@ -35,6 +42,7 @@ from ..kv_cache.block_manager import BlockManager
 from ..request import Request, RequestStatus
 from ..spec_decode.rejection_sampler import DraftTokens
 from .config import EngineConfig
+from .request_queue import RequestOrder
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,7 @@ class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
         self.config = config
         self.block_manager = block_manager
+        self.order = RequestOrder(config.scheduling_policy)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # Totals since start, read by the server's /metrics (vLLM's names, without "vllm:").
@@ -133,7 +142,8 @@ class Scheduler:
         self.num_prefix_cache_hits = 0  # of which found in the prefix cache
 
     def add_request(self, request: Request) -> None:
-        self.waiting.append(request)
+        self.order.arrive(request)
+        self.order.place(self.waiting, request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -143,54 +153,80 @@ class Scheduler:
         drafts = drafts or {}
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-
-        # 1. Running requests, oldest first.
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_computed = request.num_computed_tokens
-            draft = drafts.get(request.request_id)
-            num_new = self._num_tokens_to_compute(
-                request.num_tokens, num_computed, budget, len(draft) if draft is not None else 0
-            )
-            if num_new == 0:
-                i += 1
-                continue
-            # 2. Make room: preempt from the back (newest) until this request fits.
-            while True:
-                if self.block_manager.allocate_slots(request.request_id, num_computed, num_new):
-                    out.scheduled.append(schedule_request(request, num_new, draft=draft))
-                    budget -= num_new
-                    i += 1
-                    break
-                victim = self.running.pop()
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is request:
-                    break  # it was the newest itself: it waits, and the loop ends with it
-
-        # 3. Waiting requests, oldest first, while budget, batch slots and blocks allow.
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            if out.preempted:
-                break  # memory is short this step: admitting more would only thrash
-            request = self.waiting[0]
-            computed_blocks, num_cached = self.block_manager.get_computed_blocks(
-                request.all_token_ids, request.block_hashes.setdefault(self.block_manager.block_size, [])
-            )
-            num_new = self._num_tokens_to_compute(request.num_tokens, num_cached, budget)
-            if num_new == 0 or not self.block_manager.allocate_slots(
-                request.request_id, num_cached, num_new, computed_blocks
-            ):
+        i = 0  # running[:i] have had their turn this step
+        admitting = True  # False once the queue's head could not start: the queue waits
+        while budget > 0:
+            request = self.running[i] if i < len(self.running) else None
+            head = self.waiting[0] if admitting and self.waiting else None
+            # fcfs: every running request, then the queue.  priority: whoever ranks first.
+            if head is not None and (request is None or self.order.goes_before(head, request)):
+                # (A seat may be taken only from a request that has not had its turn yet.)
+                num_new = self._admit(head, budget, out, may_take_a_seat=request is not None)  # 3.
+                if num_new is None:
+                    admitting = False  # no seat or no memory for it; running requests go on
+                    continue
+                budget -= num_new
+                i += 1  # it joined running at index i: after those served, before the rest
+            elif request is not None:
+                budget -= self._schedule_running(request, budget, drafts.get(request.request_id), out)
+                if i < len(self.running) and self.running[i] is request:
+                    i += 1  # (else it preempted itself: it was the last, and now waits)
+            else:
                 break
-            self.waiting.popleft()
-            self.running.append(request)
-            self.num_prefix_cache_queries += request.num_tokens
-            self.num_prefix_cache_hits += num_cached
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_cached  # the prefix hit is in the cache already
-            out.scheduled.append(schedule_request(request, num_new, num_cached))
-            budget -= num_new
         return out
+
+    def _schedule_running(
+        self, request: Request, budget: int, draft: DraftTokens | None, out: SchedulerOutput
+    ) -> int:
+        """1. A running request's tokens this step (0: nothing to compute, or it was preempted)."""
+        num_computed = request.num_computed_tokens
+        num_new = self._num_tokens_to_compute(
+            request.num_tokens, num_computed, budget, len(draft) if draft is not None else 0
+        )
+        if num_new == 0:
+            return 0
+        # 2. Make room: preempt from the back (newest, or last in rank) until this request fits.
+        while True:
+            if self.block_manager.allocate_slots(request.request_id, num_computed, num_new):
+                out.scheduled.append(schedule_request(request, num_new, draft=draft))
+                return num_new
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is request:
+                return 0  # it was the last itself: it waits
+
+    def _admit(self, request: Request, budget: int, out: SchedulerOutput, may_take_a_seat: bool = False) -> int | None:
+        """3. Start the waiting `request` with as many tokens as fit; None if it cannot start
+        (no seat, no memory, or memory was short this step: admitting more would only thrash).
+
+        Under priority, a full batch gives up its last-ranked request's seat to a request that
+        outranks it (as vLLM v0's priority scheduler did): an interactive request does not wait
+        for a batch one to finish, and the batch request is recomputed later."""
+        if out.preempted:
+            return None
+        if len(self.running) >= self.config.max_num_seqs:
+            if not (may_take_a_seat and self.order.goes_before(request, self.running[-1])):
+                return None
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim)
+        computed_blocks, num_cached = self.block_manager.get_computed_blocks(
+            request.all_token_ids, request.block_hashes.setdefault(self.block_manager.block_size, [])
+        )
+        num_new = self._num_tokens_to_compute(request.num_tokens, num_cached, budget)
+        if num_new == 0 or not self.block_manager.allocate_slots(
+            request.request_id, num_cached, num_new, computed_blocks
+        ):
+            return None
+        self.waiting.popleft()  # `request` is the queue's head
+        self.order.place(self.running, request)
+        self.num_prefix_cache_queries += request.num_tokens
+        self.num_prefix_cache_hits += num_cached
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_cached  # the prefix hit is in the cache already
+        out.scheduled.append(schedule_request(request, num_new, num_cached))
+        return num_new
 
     def _num_tokens_to_compute(
         self, num_tokens: int, num_computed_tokens: int, budget: int, num_spec_tokens: int = 0
@@ -209,7 +245,7 @@ class Scheduler:
         self.block_manager.free(request.request_id)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
-        self.waiting.appendleft(request)
+        self.order.requeue(self.waiting, request)
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: list[list[int]] | None = None, tokenizer=None
@@ -251,3 +287,28 @@ class Scheduler:
             self.block_manager.free(request.request_id)
         elif request in self.waiting:
             self.waiting.remove(request)
+        self.order.leave(request)
+
+    # -- KV transfer (distributed/kv_transfer/): requests that move between engines ----------
+
+    def detach(self, request: Request) -> None:
+        """Stop scheduling a running request without freeing its blocks.
+
+        A KV producer (disaggregated prefill) hands a request to another engine once its first
+        token is sampled: the request leaves `running`, and its block table stays in the block
+        manager until the KV has been copied out (the caller then calls `block_manager.free`).
+        """
+        if request not in self.running:
+            raise ValueError(f"request {request.request_id!r} is not running, so it cannot be detached")
+        self.running.remove(request)
+        self.order.leave(request)
+
+    def add_running(self, request: Request) -> None:
+        """Admit a request whose KV for its first `num_computed_tokens` tokens is already in its
+        block table (a KV consumer received it): it joins `running` and its next step is a
+        decode.  The caller has checked that it is decoding and that its table is there."""
+        if len(self.running) >= self.config.max_num_seqs:
+            raise ValueError(f"the batch is full ({self.config.max_num_seqs} requests running)")
+        request.status = RequestStatus.RUNNING
+        self.order.arrive(request)  # ranked by its priority, as a new arrival of this engine
+        self.order.place(self.running, request)

@@ -161,9 +161,9 @@ class AsyncLLMEngine:
         self._num_ids += 1
         return f"{prefix}-{self._num_ids}"
 
-    def make_request(self, request_id: str, prompt, params: SamplingParams) -> Request:
+    def make_request(self, request_id: str, prompt, params: SamplingParams, priority: int = 0) -> Request:
         """Tokenize and validate (raises ValueError / TypeError); touches no engine state."""
-        return self.llm.input_processor.make_request(request_id, prompt, params)
+        return self.llm.input_processor.make_request(request_id, prompt, params, priority)
 
     async def add_request(self, request: Request) -> RequestStream:
         """Queue a prepared request; raises the engine's error if it refuses it (e.g. it could

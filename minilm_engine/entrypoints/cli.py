@@ -1,11 +1,15 @@
-"""`minilm-engine serve [MODEL] --host 127.0.0.1 --port 8000 [engine options]`, like `vllm serve`.
+"""`minilm-engine serve [MODEL] --host 127.0.0.1 --port 8000 [engine options]`, like `vllm serve`,
+and `minilm-engine run-batch -i IN.jsonl -o OUT.jsonl --model MODEL [engine options]`, like
+`vllm run-batch`.
 
 Contract: `add_serve_parser(subparsers)` registers the subcommand (engine options use vLLM's
 flag names); its `run` builds the `LLM` (record_trace off: a server runs for hours) and serves
 until Ctrl-C, returning 2 with the reason on bad arguments (a keys file that does not parse
 included: the message names its line or the key and field).  `--rate-limit-rpm` /
 `--rate-limit-tpm` limit every API key (rate_limit.py); `--api-keys-file` lists the keys
-allowed, each with its own limits.
+allowed, each with its own limits.  `add_run_batch_parser` registers run-batch, which writes
+one result line per request (openai/run_batch.py) and returns 0 even when some lines failed
+(their errors are in the output), 2 when it cannot start.
 """
 
 from __future__ import annotations
@@ -41,13 +45,16 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-config", type=json_object, default=None,
                         help='speculative decoding, as vLLM spells it: \'{"model": "noodle-apprentice", '
                              '"num_speculative_tokens": 3}\'')
+    parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority"],
+                        help="fcfs (default: arrival order) or priority (each request's priority, lower "
+                             "first; the flex service tier after interactive requests)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads on a CPU (default: 1 for a small model, torch's choice otherwise)")
 
 
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory",
                  "gpu_memory_utilization", "enable_prefix_caching", "enable_chunked_prefill",
-                 "attention_backend", "enforce_eager", "speculative_config")
+                 "attention_backend", "enforce_eager", "speculative_config", "scheduling_policy")
 
 
 def llm_from_args(args: argparse.Namespace) -> LLM:
@@ -128,4 +135,46 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"[serving on http://{args.host}:{args.port}/v1, Ctrl-C to stop]", file=sys.stderr)
     serve(llm, args.host, args.port, args.served_model_name, args.api_key, args.shutdown_timeout, args.log_level,
           limiter)
+    return 0
+
+
+def add_run_batch_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("run-batch", help="run an OpenAI batch file (JSONL) through MODEL")
+    parser.add_argument("-i", "--input-file", required=True,
+                        help='one request a line: {"custom_id", "method": "POST", "url", "body"}')
+    parser.add_argument("-o", "--output-file", required=True, help="results, one JSON line per request")
+    parser.add_argument("--model", default=None, help="folder, shipped name or hub id (default: noodle-chef)")
+    parser.add_argument("--served-model-name", nargs="+", action="extend", default=None, metavar="NAME",
+                        help="name(s) the bodies' 'model' may use (default: MODEL as given)")
+    parser.add_argument("--disable-progress-bar", action="store_true", help="no progress bar on stderr")
+    add_engine_arguments(parser)
+    parser.set_defaults(run=run_run_batch)
+    return parser
+
+
+def run_run_batch(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from .openai.run_batch import run_batch
+
+    try:
+        lines = Path(args.input_file).read_text(encoding="utf-8").splitlines()
+        out = open(args.output_file, "w", encoding="utf-8")  # fails now, not after the whole run
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with out:
+        try:
+            llm = llm_from_args(args)
+        except (ValueError, TypeError, RuntimeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"[{llm}, torch threads: {torch.get_num_threads()}]", file=sys.stderr)
+        results = run_batch(llm, lines, args.served_model_name, progress=not args.disable_progress_bar)
+        for result in results:
+            out.write(json.dumps(result) + "\n")
+    failed = sum(r["error"] is not None for r in results)
+    print(f"[{len(results)} requests: {len(results) - failed} succeeded, {failed} failed -> "
+          f"{args.output_file}]", file=sys.stderr)
     return 0

@@ -13,6 +13,7 @@ when a request ends.  `render()` returns the text exposition format for GET /met
     minilm:prefix_cache_queries_total / _hits_total  counters (tokens)  vllm:prefix_cache_*
     minilm:prompt_tokens_total / generation_tokens_total  counters
     minilm:request_success_total{finished_reason}          counter
+    minilm:num_requests_rate_limited_total{limit}         counter (429s; limit: tokens, requests)
     minilm:time_to_first_token_seconds, inter_token_latency_seconds,
     minilm:e2e_request_latency_seconds          histograms
 """
@@ -86,8 +87,16 @@ class ServerMetrics:
             PREFIX + "request_success", "Requests finished, by reason.", labels + ["finished_reason"],
             registry=self.registry,
         )
+        self.rate_limited = Counter(
+            PREFIX + "num_requests_rate_limited", "Requests answered 429 (over a rate limit), by the limit "
+            "that bound.", labels + ["limit"], registry=self.registry,
+        )
         self.model_name = model_name
         engine.on_request_end = self.observe_finished
+
+    def observe_rate_limited(self, kind: str) -> None:
+        """One request refused by the rate limiter (`kind`: "tokens" or "requests")."""
+        self.rate_limited.labels(self.model_name, kind).inc()
 
     def observe_finished(self, request: Request) -> None:
         """Record one ended request (finished or aborted): its latencies and token counts.

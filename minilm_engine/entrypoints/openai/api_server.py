@@ -44,7 +44,6 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...llm import LLM
@@ -62,7 +61,7 @@ from .protocol import (
     ModelList,
     TokenizeRequest,
 )
-from .serving import APIError, OpenAIServing, Prepared, sse
+from .serving import APIError, OpenAIServing, Prepared, parse_body, sse
 from .serving_tokenization import detokenize, tokenize, tokenizer_info
 
 
@@ -179,21 +178,7 @@ async def _parse(raw: Request, model):
         payload = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"The body is not valid JSON: {e}.", None, "invalid_json") from None
-    if not isinstance(payload, dict):
-        raise APIError(400, f"The body must be a JSON object, got {type(payload).__name__}.", None, "invalid_json")
-    try:
-        return model.model_validate(payload)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "body"
-        detail = first["msg"]
-        if first["type"] == "missing":
-            detail = "this field is required"
-        else:
-            given = repr(first.get("input"))
-            detail += f" (got {given if len(given) <= 200 else given[:200] + '...'})"
-        raise APIError(400, f"Invalid request: {where}: {detail}.", str(first["loc"][0]) if first["loc"] else None,
-                       "invalid_value") from None
+    return parse_body(payload, model)
 
 
 def bearer_key(authorization: str) -> str:
@@ -211,6 +196,7 @@ def admit(limiter: RateLimiter | None, raw: Request, prepared: Prepared) -> Rese
     try:
         return limiter.admit(bearer_key(raw.headers.get("authorization", "")), cost)
     except RateLimitExceeded as e:
+        raw.app.state.metrics.observe_rate_limited(e.kind)
         raise APIError(429, e.message, None, "rate_limit_exceeded", type=e.kind, headers=e.headers()) from None
 
 

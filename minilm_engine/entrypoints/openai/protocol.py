@@ -166,6 +166,10 @@ class _SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     user: str | None = None
     logprobs: bool | int | None = None
+    # Service tiers: vLLM's `priority` (lower first; needs --scheduling-policy priority unless 0)
+    # and OpenAI's `service_tier` ("auto", "default", "flex"); serving.py maps them to a priority.
+    priority: int | None = None
+    service_tier: str | None = None
     # Known, not implemented: see SAMPLING_NOT_IMPLEMENTED (any type: the check says what is allowed).
     presence_penalty: Any = None
     frequency_penalty: Any = None

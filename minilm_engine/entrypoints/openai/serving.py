@@ -18,6 +18,9 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
 
 from ...request import Request
 from ..async_engine import AsyncLLMEngine, RequestStream, StreamDelta
@@ -37,6 +40,11 @@ from .protocol import (
     _SamplingFields,
     warn_ignored,
 )
+
+
+# OpenAI's service tiers -> the engine's priority (lower first).  "flex" is the batch tier:
+# slower, cheaper, served from what interactive requests leave (--scheduling-policy priority).
+SERVICE_TIER_PRIORITY = {"auto": 0, "default": 0, "flex": 1000}
 
 
 class APIError(Exception):
@@ -68,6 +76,26 @@ class Prepared:
         return [r.request_id for r in self.requests]
 
 
+def parse_body(payload: Any, model: type[BaseModel]):
+    """A decoded JSON body -> the request `model`, or a 400 naming the first field that is wrong
+    (the HTTP routes and run-batch parse through this one function)."""
+    if not isinstance(payload, dict):
+        raise APIError(400, f"The body must be a JSON object, got {type(payload).__name__}.", None, "invalid_json")
+    try:
+        return model.model_validate(payload)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        detail = first["msg"]
+        if first["type"] == "missing":
+            detail = "this field is required"
+        else:
+            given = repr(first.get("input"))
+            detail += f" (got {given if len(given) <= 200 else given[:200] + '...'})"
+        raise APIError(400, f"Invalid request: {where}: {detail}.", str(first["loc"][0]) if first["loc"] else None,
+                       "invalid_value") from None
+
+
 def sse(payload: dict | str) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n"
@@ -79,6 +107,7 @@ class OpenAIServing:
         self.served_model_names = served_model_names
         self.chat_format = chat_format
         self.max_model_len = engine.max_model_len
+        self.scheduling_policy = engine.engine.config.scheduling_policy
 
     # -- preparing --------------------------------------------------------------------------
 
@@ -96,14 +125,32 @@ class OpenAIServing:
             raise APIError(400, message, param, "invalid_value" if param in ("n", "prompt") else "unsupported_value")
         warn_ignored(body.ignored_fields())
 
+    def priority_of(self, body: _SamplingFields) -> int:
+        """The engine priority of a request: its `priority` if given, else its tier's (under
+        fcfs every tier is served in arrival order, and a priority other than 0 is a 400)."""
+        tier = body.service_tier
+        if tier is not None and tier not in SERVICE_TIER_PRIORITY:
+            raise APIError(400, f"service_tier must be one of {sorted(SERVICE_TIER_PRIORITY)}, got {tier!r}",
+                           "service_tier", "invalid_value")
+        if body.priority is not None:
+            if body.priority != 0 and self.scheduling_policy != "priority":
+                raise APIError(400, f"priority {body.priority} needs priority scheduling, which this server "
+                               "does not run (start it with --scheduling-policy priority); send 0 or null",
+                               "priority", "invalid_value")
+            return body.priority
+        if self.scheduling_policy != "priority":
+            return 0
+        return SERVICE_TIER_PRIORITY[tier or "auto"]
+
     def _make(self, request_id: str, prompt, body: _SamplingFields, max_tokens: int | None,
               extra_stop: tuple[str, ...] = ()) -> Request:
         try:
             params = body.to_sampling_params(max_tokens, extra_stop)
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e), _param_named_in(str(e)), "invalid_value") from None
+        priority = self.priority_of(body)
         try:
-            request = self.engine.make_request(request_id, prompt, params)
+            request = self.engine.make_request(request_id, prompt, params, priority)
         except (ValueError, TypeError) as e:
             message = str(e)
             code = "context_length_exceeded" if "context" in message else "invalid_value"

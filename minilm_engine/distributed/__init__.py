@@ -1,0 +1,1 @@
+"""Serving across engines (vLLM's `distributed/`): here, KV transfer for disaggregated prefill."""
