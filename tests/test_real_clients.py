@@ -178,19 +178,19 @@ def test_lm_eval_chat_completions_answers_as_transformers_generate(clients_bin, 
     rendering, cut at the template's end of turn."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from minilm_engine.entrypoints.chat_template import chat_format_for, render_chat
-
     metrics, samples = lm_eval(clients_bin, tmp_path / "out", "local-chat-completions",
                                f"model={CHEF},base_url={served}/v1/chat/completions,max_retries=1",
                                [CHAT], "--apply_chat_template")[CHAT]
     tokenizer = AutoTokenizer.from_pretrained(CHEF)
     model = AutoModelForCausalLM.from_pretrained(CHEF, dtype=torch.float32).eval()
-    fmt = chat_format_for(tokenizer, CHEF)
     for sample in samples:
         (messages,) = sample["arguments"]["gen_args_0"]["arg_0"]
-        prompt = render_chat(tokenizer, fmt, json.loads(messages))
-        assert prompt == f"Ana: {sample['doc']['question']}\nSam:"
+        assert json.loads(messages) == [{"role": "user", "content": sample["doc"]["question"]}]
+        # The shipped models' dialogue template: the guest Ana asks, the waiter Sam answers.
+        prompt = f"Ana: {sample['doc']['question']}\nSam:"
         ids = tokenizer(prompt, return_tensors="pt").input_ids
+        rendered = httpx.post(served + "/tokenize", json={"model": CHEF, "messages": json.loads(messages)}).json()
+        assert rendered["tokens"] == ids[0].tolist()  # what the server gives its engine
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.eos_token_id)
         new = out[0, ids.shape[1]:].tolist()
