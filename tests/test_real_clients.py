@@ -231,16 +231,20 @@ def test_guidellm_completes_every_request_and_agrees_with_bench_serve(clients_bi
     streaming, synthetic prompts of 256 tokens, 16 output tokens), then our `bench serve`
     (`--backend openai-chat`, random prompts of the same length, no initial test request).
 
-    Tolerances.  The two clients are different programs, timed in two windows one after the
-    other on a shared, noisy 2-core machine whose load drifts between them (up to 1.6x seen
-    here, the server's own TTFT moving with it), so their medians must agree within a factor of
-    2, not exactly.  Against the server's own histograms over the same window (/metrics, read
-    before and after each client) the bounds are tighter, and they are what catches a wrong
-    TTFT: a client's clock starts before the server's and stops after it, so its mean TTFT is at
-    least the server's, and at most 1.5x it (the client adds its HTTP and parsing, ~7 ms here on
-    60-250 ms); a role chunk sent before the prefill would put the client's TTFT far below the
-    server's, a stream that arrived in one burst would put it far above and the ITL near 0.
-    With 256 prompt tokens the prefill costs several decode steps, so TTFT > ITL as well.
+    What a wrong TTFT looks like, and the bound that catches it: each client is also compared
+    with the server's own TTFT and ITL histograms over its window (/metrics, read before and
+    after it).  A client's clock starts before the server's and stops after it, so its mean TTFT
+    is at least the server's, and at most 1.5x it (the client adds its HTTP and parsing, ~10%
+    here): a client that timed something before the first token (a role chunk sent before the
+    prefill) falls below, one that timed a stream arriving in one burst goes far above, with an
+    ITL near 0 (client ITL / server ITL must be within 2x).  With 256 prompt tokens the prefill
+    costs several decode steps, so TTFT > ITL as well.
+
+    Agreement: relative to the server's numbers in their own window, the two clients agree
+    within 25% (measured: TTFT 1.07-1.12x the server's for both, ITL 0.94-1.00x).  Their raw
+    medians are timed in different windows of a 2-core machine, where guidellm's own work (a
+    worker process, its statistics) slows the server by up to 1.8x during its window, so those
+    must agree within a factor of 3 only; a unit error or a missing prefill is far larger.
     """
     out = tmp_path / "guidellm.json"
     start = server_latencies(served)
@@ -274,15 +278,19 @@ def test_guidellm_completes_every_request_and_agrees_with_bench_serve(clients_bi
     bench = {"median_ttft": data["median_ttft_ms"], "mean_ttft": data["mean_ttft_ms"],
              "median_itl": data["median_itl_ms"]}
 
-    for client, (before, after) in ((guidellm, (start, middle)), (bench, (middle, end))):
+    relative = {}
+    for name, client, (before, after) in (("guidellm", guidellm, (start, middle)), ("bench", bench, (middle, end))):
         server_ttft, num_requests = mean_between(before, after, "time_to_first_token")
         server_itl, num_gaps = mean_between(before, after, "inter_token_latency")
         assert (num_requests, num_gaps) == (NUM_REQUESTS, NUM_REQUESTS * (OUTPUT_TOKENS - 1))  # no extra requests
-        assert server_ttft <= client["mean_ttft"] <= 1.5 * server_ttft, (client, server_ttft)
-        assert 0.5 <= client["median_itl"] / server_itl <= 2.0, (client, server_itl)
-        assert client["median_ttft"] > client["median_itl"], client
-    for name in ("median_ttft", "median_itl"):
-        assert 0.5 <= guidellm[name] / bench[name] <= 2.0, (name, guidellm, bench)
+        assert server_ttft <= client["mean_ttft"] <= 1.5 * server_ttft, (name, client, server_ttft)
+        assert 0.5 <= client["median_itl"] / server_itl <= 2.0, (name, client, server_itl)
+        assert client["median_ttft"] > client["median_itl"], (name, client)
+        relative[name] = {"ttft": client["mean_ttft"] / server_ttft, "itl": client["median_itl"] / server_itl}
+    for metric in ("ttft", "itl"):
+        assert 0.8 <= relative["guidellm"][metric] / relative["bench"][metric] <= 1.25, (metric, relative)
+        raw = guidellm[f"median_{metric}"] / bench[f"median_{metric}"]
+        assert 1 / 3 <= raw <= 3, (metric, guidellm, bench)
 
 
 def first_event_ttft_ms(url: str, prompt: str) -> float:
