@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.entrypoints.chat_template import NOODLE_CHAT_TEMPLATE, chat_format_for, render_chat
+from minilm_engine.chat_template import NOODLE_CHAT_TEMPLATE, chat_format_for, render_chat
 from minilm_engine.entrypoints.openai import ServerThread
 
 PROMPTS = ["Order for table 7:\n", "Receipt #7061\n", "Shop diary, 12 March\n"]
@@ -123,6 +123,8 @@ def test_chat_ignore_eos_ignores_the_templates_end_of_turn_too(client, llm):
     want = expected_text(llm, prompt, 40, ignore_eos=True)
     assert full.usage.completion_tokens == 40 and full.choices[0].finish_reason == "length"
     assert full.choices[0].message.content == want.text and "\n" in want.text
+    (offline,) = llm.chat(messages, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False)
+    assert offline.outputs[0].text == want.text  # LLM.chat: the same template, the same rule
     # A stop the client asks for still applies.
     asked = client.chat.completions.create(model="noodle-chef", messages=messages, max_tokens=40, temperature=0,
                                            stop=["\n"], extra_body={"ignore_eos": True})
