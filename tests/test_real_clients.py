@@ -256,9 +256,14 @@ def test_guidellm_completes_every_request_and_agrees_with_bench_serve(clients_bi
                 "--output", f"kind=json,path={out}", "--disable-console"], cwd=tmp_path)
     middle = server_latencies(served)
     (benchmark,) = json.loads(out.read_text())["benchmarks"]
-    metrics = benchmark["metrics"]
-    assert metrics["request_totals"] == {"successful": NUM_REQUESTS, "errored": 0, "incomplete": 0,
-                                         "total": NUM_REQUESTS}
+    metrics, state = benchmark["metrics"], benchmark["scheduler_state"]
+    totals = metrics["request_totals"]
+    assert totals["errored"] == totals["incomplete"] == state["cancelled_requests"] == 0, totals
+    # guidellm 0.8.1 may close the benchmark while its last answer is still on the way from its
+    # worker process (seen once in ~10 runs, on a loaded machine: 19 of 20 tallied, 1 still
+    # "processing"); the server's own count below shows that every request was answered.
+    assert totals["successful"] + state["processing_requests"] == NUM_REQUESTS, state
+    assert totals["successful"] >= NUM_REQUESTS - 1
     done = metrics["output_token_count"]["successful"]
     assert done["min"] == done["max"] == OUTPUT_TOKENS  # ignore_eos: exactly max_tokens, every one
     assert metrics["prompt_token_count"]["successful"]["min"] >= PROMPT_TOKENS
