@@ -284,8 +284,8 @@ class LLM:
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
-        if fmt.default_stop:
-            params = [with_stop_strings(p, fmt.default_stop) for p in params]
+        if fmt.default_stop:  # the end of the turn; ignore_eos ignores it too, as the server does
+            params = [p if p.ignore_eos else with_stop_strings(p, fmt.default_stop) for p in params]
         return self.generate(prompts, params, use_tqdm=use_tqdm)
 
     def stream(

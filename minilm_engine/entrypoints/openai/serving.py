@@ -220,7 +220,11 @@ class OpenAIServing:
         self._check_common(body)
         prompt = self.render(body.messages, body.chat_template_kwargs)
         response_id = self.engine.new_request_id("chatcmpl")
-        requests = self._make(response_id, prompt, body, body.max_new_tokens, self.chat_format.default_stop)
+        # The template's stop strings end the assistant's turn, as an end-of-turn token does in
+        # a chat model's generation_config; vLLM's ignore_eos ignores those too (guidellm and
+        # `bench serve` ask for exactly max_tokens with ignore_eos and no stop).
+        turn_end = () if body.ignore_eos else self.chat_format.default_stop
+        requests = self._make(response_id, prompt, body, body.max_new_tokens, turn_end)
         return Prepared(response_id, requests, body.model, body.include_usage, body.continuous_usage,
                         tokenizer=self.engine.llm.tokenizer)
 
