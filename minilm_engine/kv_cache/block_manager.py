@@ -80,9 +80,15 @@ class BlockManager:
     def usage(self) -> float:
         return self.block_pool.usage
 
-    def get_block_table(self, request_id: str) -> list[int]:
-        """Block ids of the request's table, in token order."""
-        return [block.block_id for block in self._table(request_id)]
+    def get_block_table(self, request_id: str, start: int = 0) -> list[int]:
+        """Block ids of the request's table, in token order (from block `start` on)."""
+        table = self._table(request_id)
+        return [table[i].block_id for i in range(start, len(table))]
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks in the request's table (0: it holds none)."""
+        table = self.block_tables.get(request_id)
+        return 0 if table is None else len(table)
 
     # ------------------------------------------------------------------ prefix cache
     def get_computed_blocks(
