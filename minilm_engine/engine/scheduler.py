@@ -204,7 +204,7 @@ class Scheduler:
     def _block_update(self, request_id: str, num_held_blocks: int) -> tuple[int, list[int]]:
         """(num_kept_blocks, new_block_ids) of a table that held `num_held_blocks` before this
         step's allocation (the runner holds those, unless it never saw the table)."""
-        if request_id in self._unsent_tables:
+        if self._unsent_tables and request_id in self._unsent_tables:
             self._unsent_tables.discard(request_id)
             num_held_blocks = 0
         return num_held_blocks, self.block_manager.get_block_table(request_id, start=num_held_blocks)
