@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.entrypoints.chat_template import NOODLE_CHAT_TEMPLATE, chat_format_for, render_chat
+from minilm_engine.chat_template import NOODLE_CHAT_TEMPLATE, chat_format_for, render_chat
 from minilm_engine.entrypoints.openai import ServerThread
 
 PROMPTS = ["Order for table 7:\n", "Receipt #7061\n", "Shop diary, 12 March\n"]

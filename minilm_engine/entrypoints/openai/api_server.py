@@ -49,7 +49,7 @@ from ...llm import LLM
 from .. import DEFAULT_HOST
 from ..async_engine import AsyncLLMEngine
 from ..rate_limit import RateLimiter, RateLimitExceeded, Reservation
-from ..chat_template import chat_format_for
+from ...chat_template import chat_format_for
 from ..metrics import ServerMetrics
 from ... import __version__
 from .protocol import (
