@@ -19,13 +19,14 @@ slight overestimate of what Python costs without them.
 
     python benchmarks/cpu_step_profile.py --threads 2                          # fused, bf16
     python benchmarks/cpu_step_profile.py --backend reference --quantization int8
-    python benchmarks/cpu_step_profile.py --quick
+    python benchmarks/cpu_step_profile.py --quick --json split.json
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import statistics
 import sys
@@ -103,6 +104,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--checkpoint", default=None, help="a checkpoint folder (default: a random Qwen3-0.6B)")
+    parser.add_argument("--json", default=None, help="write the per-repeat splits here")
     add_threads_option(parser, default=os.cpu_count() or 1, why="as cpu_decode.py: every core")
     args = parser.parse_args(argv)
     apply_threads_option(args)
@@ -124,6 +126,8 @@ def main(argv=None) -> int:
         values = [r[key] for r in runs]
         med = statistics.median(values)
         print(f"   {key:10} {med:8.2f} [{min(values):.2f}-{max(values):.2f}]  {med / step:6.1%}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"backend": llm.model_backend, "runs_ms": runs}, indent=2))
     return 0
 
 

@@ -127,6 +127,18 @@ def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_
         assert "llama.cpp: skipped: " in out and data["llama_cpp"]["skipped"]
 
 
+def test_cpu_step_profile_splits_a_decode_step_into_its_parts(tmp_path):
+    run([sys.executable, "cpu_step_profile.py", "--quick", "--steps", "2", "--repeats", "1", "--threads", "1",
+         "--json", str(tmp_path / "p.json")], ROOT / "benchmarks")
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["backend"] == "fused"
+    (split,) = data["runs_ms"]
+    # every leaf was reached by its wrapper, and no range counted twice (nested ranges would
+    # add up to more than the step's wall time, leaving "other" negative)
+    assert all(split[part] > 0 for part in ("matmul", "attention", "norms", "rotary", "sampling"))
+    assert 0 < split["other"] < split["step_ms"]
+
+
 def test_tiers_benchmark_prints_its_three_parts(tmp_path):
     out = run([sys.executable, "tiers.py", "--quick", "--json", str(tmp_path / "tiers.json")], ROOT / "benchmarks").stdout
     for part in ("\n1. ", "\n2. ", "\n3. "):
