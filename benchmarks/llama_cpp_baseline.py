@@ -120,8 +120,9 @@ def llama_cpp_step_ms(path: Path, threads: int, num_tokens: int, prompt: list[in
         if batch_size != 1:
             raise ValueError("llama-cpp-python's Llama decodes one sequence at a time")
         times = []
-        # top_k=1: greedy.  generate() yields each token as it is sampled; the first after the prefill.
-        for _ in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+        # top_k=1, temp=0: greedy.  generate() yields each token as it is sampled, the first
+        # after the prefill; it reuses the list it is given as its buffer, hence the copy.
+        for _ in llm.generate(list(prompt), top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
             times.append(time.perf_counter())
             if len(times) == n:
                 break
