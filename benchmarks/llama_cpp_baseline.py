@@ -108,25 +108,46 @@ def build_ggufs(folder: Path, out_dir: Path, converter_dir: Path, threads: int) 
 
 
 def llama_cpp_step_ms(path: Path, threads: int, num_tokens: int, prompt: list[int]):
-    """Load one GGUF and return `step_ms(batch_size)`: greedy decode of `num_tokens` after
-    `prompt` (token ids), the mean gap between tokens from the first new token on.  Batch 1
-    only (llama-cpp-python's `Llama` decodes one sequence)."""
-    from llama_cpp import Llama
+    """Load one GGUF in a worker process and return `step_ms(batch_size)`: greedy decode of
+    `num_tokens` after `prompt` (token ids), the mean gap between tokens from the first new token
+    on.  Batch 1 only (llama-cpp-python's `Llama` decodes one sequence).
 
-    llm = Llama(str(path), n_ctx=len(prompt) + num_tokens + 8, n_threads=threads, n_threads_batch=threads,
-                verbose=False)
+    Why a worker process: in a process where torch has run its OpenMP thread pool, llama.cpp's
+    own OpenMP build crashed in its first decode (a segmentation fault, measured with
+    llama-cpp-python 0.3.36 and torch 2.13); alone in a process it runs."""
+    worker = subprocess.Popen([sys.executable, __file__, str(path), str(threads), ",".join(map(str, prompt))],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def step_ms(batch_size: int, n: int = num_tokens) -> float:
         if batch_size != 1:
             raise ValueError("llama-cpp-python's Llama decodes one sequence at a time")
-        times = []
+        worker.stdin.write(f"{n}\n")
+        worker.stdin.flush()
+        line = worker.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the llama.cpp worker for {path.name} exited ({worker.wait()})")
+        return float(line)
+
+    step_ms(1, 3)  # warm-up
+    return step_ms
+
+
+def serve(path: Path, threads: int, prompt: list[int]) -> None:
+    """The worker: for each line n on stdin, decode n greedy tokens and print the step ms."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(path), n_ctx=max(512, len(prompt) + 1024), n_threads=threads, n_threads_batch=threads,
+                verbose=False)
+    for line in sys.stdin:
+        n, times = int(line), []
         # top_k=1, temp=0: greedy.  generate() yields each token as it is sampled, the first
         # after the prefill; it reuses the list it is given as its buffer, hence the copy.
         for _ in llm.generate(list(prompt), top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
             times.append(time.perf_counter())
             if len(times) == n:
                 break
-        return (times[-1] - times[0]) / (len(times) - 1) * 1e3
+        print((times[-1] - times[0]) / (len(times) - 1) * 1e3, flush=True)
 
-    step_ms(1, 3)  # warm-up
-    return step_ms
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]), int(sys.argv[2]), [int(t) for t in sys.argv[3].split(",")])
