@@ -274,9 +274,14 @@ def llama_systems(args, folder: Path, out_dir: Path, num_tokens: int, vocab_size
     print(f"llama.cpp {llama_cpp.__version__}: GGUFs built in {time.perf_counter() - t0:.0f} s with "
           f"convert_hf_to_gguf.py from {where} and llama_model_quantize", flush=True)
     (prompt,) = prompt_ids(1, args.prompt_tokens, vocab_size)
-    return [System(f"llama.cpp {name}", "bf16", llama_cpp_step_ms(path, torch.get_num_threads(), num_tokens, prompt),
-                   "llama.cpp", bytes_per_step=path.stat().st_size, batch1_only=True)  # the file: ~the weights
-            for name, path in paths.items()]
+    systems = []
+    for name, path in paths.items():
+        step_ms = llama_cpp_step_ms(path, torch.get_num_threads(), num_tokens, prompt)
+        if step_ms.note:
+            results["llama_cpp"].setdefault("notes", []).append(step_ms.note)
+        systems.append(System(f"llama.cpp {name}", "bf16", step_ms, "llama.cpp",
+                              bytes_per_step=path.stat().st_size, batch1_only=True))  # the file: ~the weights
+    return systems
 
 
 def main(argv=None) -> int:

@@ -112,32 +112,59 @@ def llama_cpp_step_ms(path: Path, threads: int, num_tokens: int, prompt: list[in
     `num_tokens` after `prompt` (token ids), the mean gap between tokens from the first new token
     on.  Batch 1 only (llama-cpp-python's `Llama` decodes one sequence).
 
-    Why a worker process: in a process where torch has run its OpenMP thread pool, llama.cpp's
-    own OpenMP build crashed in its first decode (a segmentation fault, measured with
-    llama-cpp-python 0.3.36 and torch 2.13); alone in a process it runs."""
-    worker = subprocess.Popen([sys.executable, __file__, str(path), str(threads), ",".join(map(str, prompt))],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    Why a worker process: llama.cpp crashed (a segmentation fault in its first decode) in some
+    set-ups here, measured with llama-cpp-python 0.3.36 built with GGML_NATIVE on an AVX-512 +
+    AMX Xeon: Q8_0 with llama.cpp's extra buffer types (the weight repacking for AMX / AVX-512)
+    on, and bf16 in the benchmark's own process.  A worker that dies takes only itself down; one
+    that dies with the extra buffer types on is restarted without them (`use_extra_bufts=False`),
+    and the script says so (`step_ms.note`)."""
+    def start(extra_bufts: bool):
+        return subprocess.Popen([sys.executable, __file__, str(path), str(threads), ",".join(map(str, prompt)),
+                                 str(int(extra_bufts))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(worker, n: int) -> float | None:
+        worker.stdin.write(f"{n}\n")
+        worker.stdin.flush()
+        line = worker.stdout.readline()
+        return float(line) if line else None
+
+    worker = start(True)
+    note = None
+    if ask(worker, 3) is None:  # the warm-up
+        note = f"llama.cpp crashed on {path.name} ({worker.wait()}); rerun with use_extra_bufts=False (no repacking)"
+        print(f"   {note}", flush=True)
+        worker = start(False)
+        if ask(worker, 3) is None:
+            raise RuntimeError(f"the llama.cpp worker for {path.name} exited ({worker.wait()}) without extra buffers too")
 
     def step_ms(batch_size: int, n: int = num_tokens) -> float:
         if batch_size != 1:
             raise ValueError("llama-cpp-python's Llama decodes one sequence at a time")
-        worker.stdin.write(f"{n}\n")
-        worker.stdin.flush()
-        line = worker.stdout.readline()
-        if not line:
+        ms = ask(worker, n)
+        if ms is None:
             raise RuntimeError(f"the llama.cpp worker for {path.name} exited ({worker.wait()})")
-        return float(line)
+        return ms
 
-    step_ms(1, 3)  # warm-up
+    step_ms.note = note
     return step_ms
 
 
-def serve(path: Path, threads: int, prompt: list[int]) -> None:
+def serve(path: Path, threads: int, prompt: list[int], extra_bufts: bool) -> None:
     """The worker: for each line n on stdin, decode n greedy tokens and print the step ms."""
-    from llama_cpp import Llama
+    import llama_cpp
+    from llama_cpp import llama as llama_module
 
-    llm = Llama(str(path), n_ctx=max(512, len(prompt) + 1024), n_threads=threads, n_threads_batch=threads,
-                verbose=False)
+    if not extra_bufts:  # `Llama` does not expose it: default parameters without them
+        defaults = llama_cpp.llama_model_default_params
+
+        def without_extra_bufts():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        llama_module.llama_cpp.llama_model_default_params = without_extra_bufts
+    llm = llama_module.Llama(str(path), n_ctx=max(512, len(prompt) + 1024), n_threads=threads,
+                             n_threads_batch=threads, verbose=False)
     for line in sys.stdin:
         n, times = int(line), []
         # top_k=1, temp=0: greedy.  generate() yields each token as it is sampled, the first
@@ -150,4 +177,4 @@ def serve(path: Path, threads: int, prompt: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]), int(sys.argv[2]), [int(t) for t in sys.argv[3].split(",")])
+    serve(Path(sys.argv[1]), int(sys.argv[2]), [int(t) for t in sys.argv[3].split(",")], sys.argv[4] == "1")
