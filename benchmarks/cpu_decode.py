@@ -12,8 +12,13 @@ system loads:
        floor: the bytes one decode step reads (every weight once; a tied head reads the
        embedding table) / the copy bandwidth of a large tensor copy, measured here
     2. decode at batch 4 and 16 (bf16), the engine (both backends) and `transformers.generate`
-    3. llama.cpp through llama-cpp-python, only when `llama_cpp` is importable; otherwise the
-       script says it skipped it, and why
+    3. llama.cpp through llama-cpp-python (the optional extra `llama`), only when `llama_cpp`
+       is importable; otherwise the script says it skipped it, and why.  The same checkpoint is
+       converted to GGUF by llama.cpp's own `convert_hf_to_gguf.py` and quantized to Q8_0 and
+       Q4_0 by its own `llama_model_quantize` (`llama_cpp_baseline.py`, which says where it got
+       the converter), and each is timed at batch 1 in the same rotation, against the engine at
+       the same precision: bf16 (the fused backend), int8 and int4 g128 (weight-only, bf16
+       activations)
 
 Every system stays loaded; each repeat runs them one after another in a rotating order, so a
 machine whose load changes moves every column, not one.  A cell is the median of its repeats
@@ -24,13 +29,13 @@ stamps each token as `generate` hands it out.
     python benchmarks/cpu_decode.py --threads 2         # full size: several minutes
     python benchmarks/cpu_decode.py --quick             # a tiny config: seconds (the smoke test)
     python benchmarks/cpu_decode.py --json out.json
+    pip install -e '.[llama]' && python benchmarks/cpu_decode.py   # with llama.cpp (builds it)
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import platform
@@ -43,6 +48,8 @@ from pathlib import Path
 
 import torch
 from common import QUICK_OVERRIDES, QWEN3_0_6B, add_threads_option, apply_threads_option
+
+from llama_cpp_baseline import build_ggufs, find_converter, llama_cpp_skip_reason, llama_cpp_step_ms
 
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.experiments.batching import measure_copy_bandwidth
@@ -62,6 +69,12 @@ def parse_args(argv=None):
     parser.add_argument("--num-layers", type=int, default=None, help="fewer layers than the real model (faster)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per system (medians are reported)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--quantized", default="int8,int4",
+                        help="the engine's weight-only schemes timed at batch 1 (bf16 activations); '' for none")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is installed")
+    parser.add_argument("--llama-cpp-source", default=None,
+                        help="a llama.cpp checkout holding convert_hf_to_gguf.py (default: $LLAMA_CPP_SOURCE, "
+                             "else the installed llama-cpp-python's sdist, fetched with pip download)")
     # Decode of a 0.6B model reads ~1.2 GB per token: one core cannot keep the memory busy.
     add_threads_option(parser, default=os.cpu_count() or 1,
                        why="every core: one core cannot keep the memory busy for a model this size")
@@ -78,9 +91,10 @@ class System:
     label: str
     dtype: str
     step_ms: object  # Callable[[int], float]
-    kind: str  # "minilm-engine" or "transformers"
+    kind: str  # "minilm-engine", "transformers" or "llama.cpp"
     bytes_per_step: int | None = None  # what one batch-1 step reads (the engine's weights)
     backend: str | None = None  # the engine's model backend in use (it may have fallen back)
+    batch1_only: bool = False  # quantized engines and llama.cpp: part 1 only
 
 
 def prompt_ids(batch_size: int, num_tokens: int, vocab_size: int) -> list[list[int]]:
@@ -102,7 +116,8 @@ def engine_system(folder: Path, dtype: str, label: str, num_tokens: int, prompt_
         return statistics.median(o.metrics.tpot for o in outs) * 1e3
 
     step_ms(1, 3)  # warm-up
-    return System(label, dtype, step_ms, "minilm-engine", bytes_read_per_step(llm), llm.model_backend)
+    return System(label, dtype, step_ms, "minilm-engine", bytes_read_per_step(llm), llm.model_backend,
+                  batch1_only="quantization" in llm_args)
 
 
 class TokenClock:
@@ -143,15 +158,6 @@ def transformers_system(folder: Path, dtype: str, num_tokens: int, prompt_tokens
     return System(f"transformers.generate, {dtype}", dtype, step_ms, "transformers")
 
 
-def llama_cpp_skip_reason() -> str | None:
-    """Why llama.cpp is not run, or None when it can be."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        return ("llama_cpp is not importable (llama-cpp-python is not installed; it is an optional "
-                "extra, not a dependency): issue 22 quotes 21.1 tok/s bf16 on a 2-core AVX-512 machine")
-    # Building the GGUF needs llama.cpp's own convert_hf_to_gguf.py, which the wheel does not ship.
-    return "llama_cpp is importable, but converting the checkpoint to GGUF is not implemented in this script yet"
-
-
 # -- the floor -------------------------------------------------------------------------------
 
 def bytes_read_per_step(llm: LLM) -> int:
@@ -178,7 +184,7 @@ def run_repeats(systems: list[System], batch_sizes: list[int], repeats: int, ban
     for r in range(repeats):
         runs["bandwidth"].append(measure_copy_bandwidth(num_bytes=bandwidth_bytes, num_repeats=3))
         for b in [1, *batch_sizes]:
-            order = systems if b == 1 else [s for s in systems if s.dtype == "bf16"]
+            order = systems if b == 1 else [s for s in systems if s.dtype == "bf16" and not s.batch1_only]
             shift = r % len(order)
             for system in order[shift:] + order[:shift]:
                 runs.setdefault((system.label, b), []).append(system.step_ms(b))
@@ -196,7 +202,9 @@ def batch1_table(systems: list[System], runs: dict, floor_bytes: dict[str, int])
         steps = runs[(system.label, 1)]
         base = runs[(f"transformers.generate, {system.dtype}", 1)]
         readable = runs[(f"minilm-engine reference, {system.dtype}", 1)]
-        floors = [floor_bytes[system.dtype] / bw * 1e3 for bw in bandwidth]  # ms per repeat
+        # The floor of what this system reads: its own weights (a quantized engine reads fewer
+        # bytes), the engine's at this dtype for transformers.
+        floors = [(system.bytes_per_step or floor_bytes[system.dtype]) / bw * 1e3 for bw in bandwidth]
         row = {"tokens_per_s": spread([1e3 / s for s in steps]), "step_ms": spread(steps),
                "vs_transformers": statistics.median(b / s for b, s in zip(base, steps)),
                "vs_reference": statistics.median(b / s for b, s in zip(readable, steps)),
@@ -211,7 +219,7 @@ def batch_table(systems: list[System], runs: dict, batch_sizes: list[int]) -> di
     """Part 2: tokens/s (all rows of the batch) per bf16 system and batch size, and the ratio to
     transformers at that batch size."""
     rows = {}
-    bf16 = [s for s in systems if s.dtype == "bf16"]
+    bf16 = [s for s in systems if s.dtype == "bf16" and not s.batch1_only]
     print(f"   {'':40}" + "".join(f"{f'batch {b}: tok/s':>24} {'vs hf':>6}" for b in batch_sizes))
     for system in bf16:
         cells, text = {}, ""
@@ -223,6 +231,57 @@ def batch_table(systems: list[System], runs: dict, batch_sizes: list[int]) -> di
         rows[system.label] = cells
         print(f"   {system.label:40}" + text, flush=True)
     return rows
+
+
+# Issue 22's table: llama.cpp's GGUF -> the engine system at the same precision.
+LLAMA_PAIRS = {"bf16": "minilm-engine fused, bf16", "q8_0": "minilm-engine int8, bf16",
+               "q4_0": "minilm-engine int4, bf16"}
+
+
+def llama_table(runs: dict, labels: set[str]) -> dict:
+    """Part 3: llama.cpp and the engine at each precision, tokens/s and the engine / llama.cpp
+    speed ratio (median of the per-repeat ratios)."""
+    rows = {}
+    print(f"   {'precision':10} {'llama.cpp tok/s':>20} {'minilm-engine tok/s':>22} {'ratio':>7}")
+    for gguf, engine in LLAMA_PAIRS.items():
+        llama = f"llama.cpp {gguf}"
+        if llama not in labels or engine not in labels:
+            continue
+        theirs, ours = runs[(llama, 1)], runs[(engine, 1)]
+        row = {"llama_cpp": spread([1e3 / s for s in theirs]), "engine": engine,
+               "engine_tokens_per_s": spread([1e3 / s for s in ours]),
+               "ratio": statistics.median(t / o for t, o in zip(theirs, ours))}  # > 1: the engine is faster
+        rows[gguf] = row
+        print(f"   {gguf:10} {fmt(row['llama_cpp']):>20} {fmt(row['engine_tokens_per_s']):>22} {row['ratio']:6.2f}x"
+              f"   ({engine})", flush=True)
+    return rows
+
+
+def llama_systems(args, folder: Path, out_dir: Path, num_tokens: int, vocab_size: int, results: dict) -> list[System]:
+    """llama.cpp at bf16, Q8_0 and Q4_0, or none (and why, in `results`)."""
+    reason = "--no-llama-cpp" if args.no_llama_cpp else llama_cpp_skip_reason()
+    if reason is not None:
+        results["llama_cpp"] = {"skipped": reason}
+        print(f"llama.cpp: skipped: {reason}", flush=True)
+        return []
+    import llama_cpp
+
+    converter_dir, where = find_converter(args.llama_cpp_source)
+    t0 = time.perf_counter()
+    paths = build_ggufs(folder, out_dir, converter_dir, torch.get_num_threads())
+    results["llama_cpp"] = {"version": llama_cpp.__version__, "converter": where,
+                            "gguf_bytes": {name: p.stat().st_size for name, p in paths.items()}}
+    print(f"llama.cpp {llama_cpp.__version__}: GGUFs built in {time.perf_counter() - t0:.0f} s with "
+          f"convert_hf_to_gguf.py from {where} and llama_model_quantize", flush=True)
+    (prompt,) = prompt_ids(1, args.prompt_tokens, vocab_size)
+    systems = []
+    for name, path in paths.items():
+        step_ms = llama_cpp_step_ms(path, torch.get_num_threads(), num_tokens, prompt)
+        if step_ms.note:
+            results["llama_cpp"].setdefault("notes", []).append(step_ms.note)
+        systems.append(System(f"llama.cpp {name}", "bf16", step_ms, "llama.cpp",
+                              bytes_per_step=path.stat().st_size, batch1_only=True))  # the file: ~the weights
+    return systems
 
 
 def main(argv=None) -> int:
@@ -249,10 +308,15 @@ def main(argv=None) -> int:
         systems = [engine_system(folder, d, f"minilm-engine {backend}, {d}", max_batch=max_batch,
                                  model_backend=backend, **common)
                    for d in DTYPES for backend in ("reference", "fused")]
+        systems += [engine_system(folder, "bf16", f"minilm-engine {scheme}, bf16", max_batch=1,
+                                  quantization=scheme, **common)
+                    for scheme in args.quantized.split(",") if scheme]
         systems += [transformers_system(folder, d, **common) for d in DTYPES]
+        systems += llama_systems(args, folder, Path(tmp), num_tokens, fields["vocab_size"], results)
         print(f"checkpoint written, {len(systems)} systems loaded and warmed up in {time.perf_counter() - t0:.1f} s",
               flush=True)
-        floor_bytes = {s.dtype: s.bytes_per_step for s in systems if s.kind == "minilm-engine"}
+        floor_bytes = {s.dtype: s.bytes_per_step for s in systems
+                       if s.kind == "minilm-engine" and s.backend == "reference" and not s.batch1_only}
         results["model_backends"] = {s.label: s.backend for s in systems if s.kind == "minilm-engine"}
 
         print(f"\n{results['model']}; {results['cpu']}; torch {torch.__version__}")
@@ -272,9 +336,11 @@ def main(argv=None) -> int:
         if batch_sizes:
             print(f"\n2. decode at batch {' and '.join(map(str, batch_sizes))}, bf16 (tokens/s of the whole batch)")
             results["batches"] = batch_table(systems, runs, batch_sizes)
-        reason = llama_cpp_skip_reason()
-        results["llama_cpp"] = {"skipped": reason}
-        print(f"\n3. llama.cpp: skipped: {reason}")
+        if "skipped" in results["llama_cpp"]:
+            print(f"\n3. llama.cpp: skipped: {results['llama_cpp']['skipped']}")
+        else:
+            print("\n3. llama.cpp (llama-cpp-python) against the engine at the same precision, batch 1")
+            results["llama_cpp"]["table"] = llama_table(runs, {s.label for s in systems})
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

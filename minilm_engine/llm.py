@@ -22,7 +22,7 @@ from .engine.llm_engine import check_priority
 from .device import resolve_device, resolve_dtype
 from .inputs import SET_BY_CALLER, InputProcessor, PromptType
 from .models import load_model, resolve_model_path
-from .models.fused_cpu import apply_model_backend, fused_weight_bytes
+from .models.fused_cpu import apply_model_backend, fused_weight_bytes, resolve_model_backend
 from .outputs import RequestOutput
 from .quantization import weight_bytes
 from .quantization.setup import setup_quantization
@@ -61,10 +61,11 @@ class LLM:
             default 128), method ("rtn" or "awq", calibrated), calibration_texts (a list of
             strings; default: held-out noodle-shop text), kernel ("auto", "reference", "cpu",
             "triton").
-        model_backend: "reference" (default: the readable decoder, `models/decoder.py`) or
+        model_backend: "reference" (the readable decoder, `models/decoder.py`) or
             "fused": on a CPU, q/k/v and gate/up fused into one matmul each (over oneDNN-packed
             weights in bf16; `models/fused_cpu.py`), built after loading; it warns and keeps the
-            readable model where it cannot run (a GPU, fp16, quantized projections).
+            readable model where it cannot run (a GPU, fp16, quantized projections).  Default
+            (None): `$MINILM_MODEL_BACKEND`, else "reference"; from there "fused" falls back quietly.
     """
 
     def __init__(
@@ -79,7 +80,7 @@ class LLM:
         max_model_len: int | None = None,
         quantization: str | None = None,
         quantization_config: dict[str, Any] | None = None,
-        model_backend: str = "reference",
+        model_backend: str | None = None,
         **engine_args: Any,
     ):
         if strategy not in STRATEGIES:
@@ -108,7 +109,8 @@ class LLM:
         self.config = self.model.config
         self.tokenizer = _load_tokenizer(tokenizer or self.model_path)
         self.quantization = setup_quantization(self.model, self.tokenizer, quantization, quantization_config)
-        self.model_backend = apply_model_backend(self.model, model_backend)
+        backend, explicit = resolve_model_backend(model_backend)
+        self.model_backend = apply_model_backend(self.model, backend, warn=explicit)
         limit = self.config.max_position_embeddings
         if max_model_len is not None and not (isinstance(max_model_len, int) and 1 < max_model_len <= limit):
             raise ValueError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")

@@ -102,20 +102,41 @@ def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_
     data = json.loads((tmp_path / "c.json").read_text())
     engines = [f"minilm-engine {backend}, {dtype}" for dtype in ("bf16", "fp32") for backend in ("reference", "fused")]
     hf = ["transformers.generate, bf16", "transformers.generate, fp32"]
-    assert list(data["batch1"]) == engines + hf
-    # the fused backend really ran (it did not fall back), and reads what the readable one reads
-    assert data["model_backends"] == {label: label.split()[1].rstrip(",") for label in engines}
+    quantized = ["minilm-engine int8, bf16", "minilm-engine int4, bf16"]
+    llama = [] if "skipped" in data["llama_cpp"] else ["llama.cpp bf16", "llama.cpp q8_0", "llama.cpp q4_0"]
+    assert list(data["batch1"]) == engines + quantized + hf + llama
+    # the fused backend really ran (it did not fall back), and reads what the readable one reads;
+    # quantized models keep their own kernels on the readable decoder
+    assert data["model_backends"] == {**{label: label.split()[1].rstrip(",") for label in engines},
+                                      **{label: "reference" for label in quantized}}
     assert data["floor"]["fp32"]["bytes_per_step"] == 2 * data["floor"]["bf16"]["bytes_per_step"]
     for row in data["batch1"].values():
         s = row["step_ms"]
         assert s["min"] <= s["median"] <= s["max"] and len(row["runs_ms"]) == 2
         assert row["vs_transformers"] > 0 and row["vs_reference"] > 0 and row["of_floor"] > 0
     assert all(data["batch1"][label]["vs_transformers"] == 1.0 for label in hf)
-    bf16 = [label for label in engines + hf if label.endswith("bf16")]
+    bf16 = [label for label in engines + hf if label.endswith("bf16")]  # batch 4 / 16: no quantized, no llama.cpp
     assert list(data["batches"]) == bf16 and all(list(cells) == ["4", "16"] for cells in data["batches"].values())
-    # llama.cpp is not a dependency: without it the script says it skipped it and why
-    if data["llama_cpp"]["skipped"] is not None:
-        assert "llama.cpp: skipped: " in out
+    if llama:  # built with llama.cpp's own converter and quantizer, paired with the engine per precision
+        assert "convert_hf_to_gguf.py" in out and data["llama_cpp"]["converter"]
+        sizes = data["llama_cpp"]["gguf_bytes"]
+        assert sizes["bf16"] > sizes["q8_0"] > sizes["q4_0"]
+        table = data["llama_cpp"]["table"]
+        assert list(table) == ["bf16", "q8_0", "q4_0"] and all(row["ratio"] > 0 for row in table.values())
+    else:  # llama.cpp is an optional extra: without it the script says it skipped it and why
+        assert "llama.cpp: skipped: " in out and data["llama_cpp"]["skipped"]
+
+
+def test_cpu_step_profile_splits_a_decode_step_into_its_parts(tmp_path):
+    run([sys.executable, "cpu_step_profile.py", "--quick", "--steps", "2", "--repeats", "1", "--threads", "1",
+         "--json", str(tmp_path / "p.json")], ROOT / "benchmarks")
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["backend"] == "fused"
+    (split,) = data["runs_ms"]
+    # every leaf was reached by its wrapper, and no range counted twice (nested ranges would
+    # add up to more than the step's wall time, leaving "other" negative)
+    assert all(split[part] > 0 for part in ("matmul", "attention", "norms", "rotary", "sampling"))
+    assert 0 < split["other"] < split["step_ms"]
 
 
 def test_tiers_benchmark_prints_its_three_parts(tmp_path):

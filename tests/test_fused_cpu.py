@@ -8,6 +8,8 @@ to float tolerance.  Where it cannot run it must say why and keep the readable m
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -74,3 +76,17 @@ def test_fused_falls_back_with_the_reason_where_it_cannot_run(checkpoints):
     assert llm.model_backend == "reference"
     with pytest.raises(ValueError, match="model_backend must be one of"):
         apply_model_backend(llm.model, "compiled")
+
+
+def test_the_default_backend_comes_from_the_environment(checkpoints, monkeypatch):
+    path, args = checkpoints["llama"].path, dict(record_trace=False, kv_cache_memory=8 << 20)
+    assert LLM(path, **args).model_backend == "reference"  # unset: the readable model
+    monkeypatch.setenv("MINILM_MODEL_BACKEND", "fused")
+    assert LLM(path, **args).model_backend == "fused"
+    assert LLM(path, model_backend="reference", **args).model_backend == "reference"  # the argument wins
+    with warnings.catch_warnings():  # where it cannot run it falls back quietly: nobody asked this model
+        warnings.filterwarnings("error", message=".*falls back")
+        assert LLM(path, quantization="int8", **args).model_backend == "reference"
+    monkeypatch.setenv("MINILM_MODEL_BACKEND", "compiled")
+    with pytest.raises(ValueError, match=r"\$MINILM_MODEL_BACKEND must be one of"):
+        LLM(path, **args)

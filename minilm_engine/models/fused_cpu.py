@@ -5,6 +5,9 @@ from the checkpoint, as always) and swaps, in every layer, the attention and the
 modules doing the same math with fewer, faster matmuls; `models/decoder.py` is untouched, and
 `"reference"` leaves the model as it is.  Where the fast path cannot run (not a CPU, a dtype
 oneDNN does not pack, quantized projections) it warns with the reason and keeps the readable model.
+`resolve_model_backend(None)` reads the default from `$MINILM_MODEL_BACKEND` ("reference" when
+unset), so a whole test suite can run with the fused path on; a backend that came from there
+falls back without a warning (it asked for "fused wherever it runs", not for this model).
 
     readable (decoder.py)                       fused (this file)
     x ─ q_proj ─┐                               x ─ qkv_proj (one packed matmul) ─ split ─ q, k, v
@@ -30,6 +33,7 @@ Qwen3-0.6B): at one row `torch.mv` reads it ~1.4x faster than `F.linear`.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -40,6 +44,7 @@ from .decoder import MLP, Attention, CausalLM
 from .rope import apply_rotary
 
 MODEL_BACKENDS = ("reference", "fused")
+BACKEND_ENV = "MINILM_MODEL_BACKEND"
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -151,15 +156,27 @@ def fuse_for_cpu(model: CausalLM) -> CausalLM:
     return model
 
 
-def apply_model_backend(model: CausalLM, backend: str) -> str:
-    """Apply `backend` ("reference" or "fused") to a loaded model; returns the one in use."""
+def resolve_model_backend(requested: str | None) -> tuple[str, bool]:
+    """(backend, asked for explicitly): `requested`, or `$MINILM_MODEL_BACKEND` when it is None."""
+    if requested is not None:
+        return requested, True
+    backend = os.environ.get(BACKEND_ENV, "reference")
+    if backend not in MODEL_BACKENDS:
+        raise ValueError(f"${BACKEND_ENV} must be one of {MODEL_BACKENDS}, got {backend!r}")
+    return backend, False
+
+
+def apply_model_backend(model: CausalLM, backend: str, warn: bool = True) -> str:
+    """Apply `backend` ("reference" or "fused") to a loaded model; returns the one in use.
+    `warn`: say why where "fused" falls back (False: fall back quietly)."""
     if backend not in MODEL_BACKENDS:
         raise ValueError(f"model_backend must be one of {MODEL_BACKENDS}, got {backend!r}")
     if backend == "reference":
         return backend
     reason = fused_unavailable(model)
     if reason is not None:
-        warnings.warn(f"model_backend='fused' falls back to the readable model: {reason}", stacklevel=3)
+        if warn:
+            warnings.warn(f"model_backend='fused' falls back to the readable model: {reason}", stacklevel=3)
         return "reference"
     fuse_for_cpu(model)
     return backend
