@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..pluggable import replaceable
+
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: how many blocks of size b hold a tokens."""
     return -(-a // b)
 
 
+@replaceable("kv_cache.slot_mapping")
 def slot_mapping(block_table: Sequence[int], block_size: int, start: int, end: int) -> list[int]:
     """Cache slot of each token position in [start, end) of a sequence with `block_table`.
 
