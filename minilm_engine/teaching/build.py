@@ -110,6 +110,12 @@ def get_piece(name: str) -> Piece:
     return known[name]
 
 
+def task(piece: str) -> str:
+    """What to write for `piece`: the signature, a hint (the idea, not the formula), where the
+    worked solution is.  Print it in a notebook."""
+    return get_piece(piece).describe()
+
+
 @contextmanager
 def swap_in(piece: str, fn: Callable[..., Any]) -> Iterator[None]:
     """Inside the block, the engine runs the learner's `fn` as `piece` (see `pieces()`)."""
