@@ -54,6 +54,10 @@ def run_whole_engine(setup: BuildSetup, fns: dict[str, Any]) -> tuple[list[str],
         got_static = run_engine(setup, {"max_num_seqs": len(setup.prompts)}, strategy="static_batch")
         details.append("static batch, contiguous cache: " + require_same_tokens(got_static, want_static, setup))
         delegated = [n for n in fns if pluggable.num_delegations(known[n].registry_name)]
+    if "decode_kernel" in fns:
+        from .build_kernels import _check_decode_kernel
+
+        details += _check_decode_kernel(fns["decode_kernel"], setup)
     if "accept_drafts" in fns:
         rule = get_adapter("spec_decode.accept_drafts")(fns["accept_drafts"])
         details.append(check_accept_rule_distribution(rule, setup.num_samples))

@@ -11,6 +11,7 @@ preempted.  The reference run is the same call with no piece swapped in, kept on
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,13 @@ class BuildSetup:
     prompts: tuple[str, ...] = PROMPTS
     max_tokens: int = 8
     num_samples: int = 4000  # draws of the accept rule in its distribution test
+
+    @classmethod
+    def default(cls) -> BuildSetup:
+        """The shipped models; under MINILM_SMOKE=1 (CI's notebook runs) fewer tokens and draws."""
+        if os.environ.get("MINILM_SMOKE", "0") == "1":
+            return cls(prompts=PROMPTS[:4], max_tokens=4, num_samples=2000)
+        return cls()
 
 
 @dataclass
