@@ -2,7 +2,10 @@
 
 Contract: `InputProcessor.make_request` either returns a `Request` ready to schedule or raises
 `ValueError` / `TypeError` naming the problem, before any engine state changes, so one bad
-request never disturbs the others.
+request never disturbs the others.  `make_requests` fans a request with `n` > 1 out into n
+samples (vLLM's parent / child requests): ids "{i}_{request_id}", params `params.for_sample(i)`
+(seed + i when seeded), one tokenization, and samples 1..n-1 wait for sample 0's prompt so that
+they read its KV from the prefix cache.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ class InputProcessor:
         device: torch.device,
         seed: int = 0,
         max_model_len_reason: str | None = SET_BY_CALLER,
+        max_logprobs: int = 20,
+        max_n: int = 128,
     ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -39,15 +44,56 @@ class InputProcessor:
         self.eos_token_ids = eos_token_ids
         self.device = device
         self.seed = seed
+        self.max_logprobs = max_logprobs  # vLLM's max_logprobs: most top tokens per position
+        self.max_n = max_n  # most samples per prompt
 
     def make_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0
     ) -> Request:
+        """One request (n must be 1: see `make_requests`)."""
+        if isinstance(params, SamplingParams) and params.n != 1:
+            raise ValueError(f"n={params.n}: a request with n > 1 is made with make_requests (n samples)")
+        (request,) = self.make_requests(request_id, prompt, params, priority)
+        return request
+
+    def make_requests(
+        self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0
+    ) -> list[Request]:
+        """The n samples of one prompt, as requests (one when n = 1, with the id given)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {params!r}")
         if isinstance(priority, bool) or not isinstance(priority, int):
             # Any int, negative ones too (vLLM's rule): lower is served first.
             raise TypeError(f"priority must be an int (lower is served first), got {priority!r}")
+        self.check_limits(params)
+        text, ids = self.tokenize(prompt)
+        if params.n == 1:
+            return [self._request(request_id, text, ids, params, priority)]
+        samples = [self._request(f"{i}_{request_id}", text, ids, params.for_sample(i), priority)
+                   for i in range(params.n)]
+        for i, sample in enumerate(samples):
+            sample.index = i
+            sample.prefix_source = samples[0] if i else None
+        return samples
+
+    def check_limits(self, params: SamplingParams) -> None:
+        """What SamplingParams cannot know alone: the engine's caps and the vocabulary."""
+        if params.n > self.max_n:
+            raise ValueError(f"n must be <= {self.max_n} (this engine's max_n), got {params.n}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise ValueError(
+                    f"{name} must be <= {self.max_logprobs} (this engine's max_logprobs), got {value}"
+                )
+        bad = [t for t in params.logit_bias or {} if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias keys must be token ids in [0, {self.vocab_size}), got {bad[:5]}")
+
+    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """A prompt -> (its text, or None when given as ids; its token ids), checked."""
+        if isinstance(prompt, dict) and "prompt_token_ids" not in prompt and isinstance(prompt.get("prompt"), str):
+            prompt = prompt["prompt"]  # {"prompt": "..."}: vLLM's TextPrompt
         if isinstance(prompt, str):
             # verbose=False: a prompt longer than the tokenizer's model_max_length gets our own
             # error below, which names max_model_len, instead of a warning from transformers.
@@ -61,7 +107,7 @@ class InputProcessor:
                 )
         else:
             raise TypeError(
-                f"a prompt must be a str or a dict with 'prompt_token_ids', got {prompt!r}"
+                f"a prompt must be a str or a dict with 'prompt' (text) or 'prompt_token_ids', got {prompt!r}"
             )
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")
@@ -70,6 +116,11 @@ class InputProcessor:
                 f"the prompt has {len(ids)} tokens, but the model's context holds "
                 f"{self.max_model_len} (prompt + output{self.context_note()}); shorten the prompt"
             )
+        return text, ids
+
+    def _request(
+        self, request_id: str, text: str | None, ids: list[int], params: SamplingParams, priority: int = 0
+    ) -> Request:
         seed = params.seed if params.seed is not None else self.default_seed(request_id)
         generator = None
         if not params.greedy:

@@ -2,8 +2,11 @@
 
 Contract: `LLM` resolves the model folder, loads weights and tokenizer, and hands requests to
 one serving strategy chosen by name; `generate` returns one `RequestOutput` per prompt, in
-prompt order, whatever order the strategy finished them in.  The tokenizer lives here and in
-the output processing only: strategies and the model see token ids.
+prompt order, whatever order the strategy finished them in (a prompt with `n` > 1 samples
+gets one output with n completions).  `chat(messages)` renders them with the server's chat
+template (`chat_template.py`) first.  With `sampling_params=None` the defaults are the
+checkpoint's `generation_config.json` (vLLM's generation_config="auto"), then vLLM's.  The
+tokenizer lives here and in the output processing only: strategies and the model see token ids.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 from typing import Any
 import torch
 
+from .chat_template import chat_format_for, render_chat
 from .engine.config import EngineConfig
 from .engine.llm_engine import check_priority
 from .device import resolve_device, resolve_dtype
@@ -22,7 +26,7 @@ from .models.fused_cpu import apply_model_backend, fused_weight_bytes
 from .outputs import RequestOutput
 from .quantization import weight_bytes
 from .quantization.setup import setup_quantization
-from .request import Request
+from .request import Request, merge_samples
 from .sampling_params import SamplingParams
 from .strategies import STRATEGIES, Strategy
 
@@ -114,7 +118,9 @@ class LLM:
         self.input_processor = InputProcessor(
             self.tokenizer, self.config.vocab_size, self.max_model_len, self.eos_token_ids, self.device, seed,
             max_model_len_reason=None if max_model_len is None else SET_BY_CALLER,
+            max_logprobs=engine_config.max_logprobs, max_n=engine_config.max_n,
         )
+        self.generation_config = read_generation_defaults(self.model_path)
         self._num_requests = 0  # ids "0", "1", ... of requests accepted so far
         self.strategy: Strategy = STRATEGIES[strategy](
             self.model, self.tokenizer, engine_config, self.input_processor
@@ -161,6 +167,11 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: SamplingParams with the checkpoint's generation_config.json values (its
+        temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens) where it has them."""
+        return SamplingParams(**self.generation_config)
+
     # -- requests ---------------------------------------------------------------------------
 
     def make_requests(
@@ -169,8 +180,17 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         priority: Sequence[int] | None = None,
     ) -> list[Request]:
-        """Tokenize and validate prompts into `Request`s (one per prompt); `priority`: one
-        int per prompt (lower first), with scheduling_policy="priority"."""
+        """Tokenize and validate prompts into `Request`s (n per prompt, in prompt order);
+        `priority`: one int per prompt (lower first), with scheduling_policy="priority"."""
+        return [r for group in self._make_groups(prompts, sampling_params, priority) for r in group]
+
+    def _make_groups(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        priority: Sequence[int] | None = None,
+    ) -> list[list[Request]]:
+        """Per prompt, its n sample requests."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if not isinstance(prompts, Sequence) or isinstance(prompts, bytes):
@@ -178,7 +198,7 @@ class LLM:
                 "prompts must be a string, a {'prompt_token_ids': [...]} dict, or a list of them"
             )
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompts)
         else:
@@ -190,8 +210,13 @@ class LLM:
                 )
             if not all(isinstance(p, SamplingParams) for p in params_list):
                 raise TypeError("sampling_params must be SamplingParams or a list of them")
+        if self.strategy_name != "continuous" and any(p.prompt_logprobs is not None for p in params_list):
+            raise ValueError(
+                f"prompt_logprobs need the continuous engine (strategy={self.strategy_name!r} "
+                "computes no logits at prompt positions)"
+            )
         priorities = self._priorities(priority, len(prompts))
-        return [self._make_request(p, sp, pr) for p, sp, pr in zip(prompts, params_list, priorities)]
+        return [self._make_group(p, sp, pr) for p, sp, pr in zip(prompts, params_list, priorities)]
 
     def _priorities(self, priority: Sequence[int] | None, num_prompts: int) -> list[int]:
         """One priority per prompt (vLLM's `generate(..., priority=[...])`), checked up front."""
@@ -208,12 +233,12 @@ class LLM:
             check_priority(p, policy)
         return list(priority)
 
-    def _make_request(self, prompt: PromptType, params: SamplingParams, priority: int = 0) -> Request:
+    def _make_group(self, prompt: PromptType, params: SamplingParams, priority: int = 0) -> list[Request]:
         # The id is taken only once the request is valid: a refused prompt must not shift
         # the ids (and so the default seeds) of the requests after it.
-        request = self.input_processor.make_request(str(self._num_requests), prompt, params, priority)
+        group = self.input_processor.make_requests(str(self._num_requests), prompt, params, priority)
         self._num_requests += 1
-        return request
+        return group
 
     # -- generation -------------------------------------------------------------------------
 
@@ -226,7 +251,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate completions for every prompt; outputs come back in prompt order.
         `priority`: one int per prompt, lower served first (scheduling_policy="priority")."""
-        requests = self.make_requests(prompts, sampling_params, priority)
+        groups = self._make_groups(prompts, sampling_params, priority)
+        requests = [r for group in groups for r in group]
         for request in requests:
             request.incremental_text = False  # only finished texts are returned: decode once
         progress = _progress_bar(len(requests), enabled=use_tqdm)
@@ -235,7 +261,32 @@ class LLM:
                 progress.update(sum(r.finished for r in requests) - progress.n)
         if progress is not None:
             progress.close()
-        return [r.to_output() for r in requests]
+        return [
+            group[0].to_output() if len(group) == 1 else merge_samples(group, group[0].request_id.split("_", 1)[1])
+            for group in groups
+        ]
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate the assistant's reply to a conversation ({"role", "content"} dicts), or to
+        each of a list of them, rendered with the chat template the server uses (and its stop
+        strings: the shipped models' waiter line ends at a newline)."""
+        fmt = chat_format_for(self.tokenizer, self.model_path)
+        if fmt is None:
+            raise ValueError("this model has no chat template (its tokenizer defines none); use generate()")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [render_chat(self.tokenizer, fmt, list(c), chat_template_kwargs) for c in conversations]
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        if fmt.default_stop:  # the end of the turn; ignore_eos ignores it too, as the server does
+            params = [p if p.ignore_eos else with_stop_strings(p, fmt.default_stop) for p in params]
+        return self.generate(prompts, params, use_tqdm=use_tqdm)
 
     def stream(
         self, prompt: PromptType, sampling_params: SamplingParams | None = None
@@ -255,6 +306,32 @@ class LLM:
             if safe > shown:
                 yield text[shown:safe]
                 shown = safe
+
+
+# vLLM's generation_config="auto": these keys of generation_config.json become defaults.
+_GENERATION_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                    "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+
+
+def read_generation_defaults(folder: Path) -> dict[str, Any]:
+    """SamplingParams fields from the checkpoint's generation_config.json (vLLM's subset)."""
+    import json
+
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    config = json.loads(path.read_text())
+    defaults = {ours: config[key] for key, ours in _GENERATION_KEYS.items() if config.get(key) is not None}
+    SamplingParams(**defaults)  # a bad file is an error now, not at the first generate
+    return defaults
+
+
+def with_stop_strings(params: SamplingParams, stops: tuple[str, ...]) -> SamplingParams:
+    """`params` with `stops` added to its stop strings (the chat format's)."""
+    from dataclasses import replace
+
+    merged = params.stop_strings + [s for s in stops if s not in params.stop_strings]
+    return replace(params, stop=merged)
 
 
 def _stable_prefix(text: str, params: SamplingParams) -> int:

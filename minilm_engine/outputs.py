@@ -1,4 +1,10 @@
-"""What `generate` returns: vLLM's `RequestOutput` / `CompletionOutput` shapes."""
+"""What `generate` returns: vLLM's `RequestOutput` / `CompletionOutput` / `Logprob` shapes.
+
+Logprobs, where asked for, are one dict per position, {token id: Logprob}: the chosen token
+(sampled, or the prompt's own) with its rank, and the top-k tokens with ranks 1..k (one entry
+when the chosen token is among them).  `RequestOutput.prompt_logprobs[0]` is None: nothing
+predicts a prompt's first token.
+"""
 
 from __future__ import annotations
 
@@ -44,13 +50,25 @@ class RequestMetrics:
 
 
 @dataclass
+class Logprob:
+    logprob: float  # natural log of the model's probability (raw logits, before any penalty)
+    rank: int | None = None  # 1 = the most likely token at this position
+    decoded_token: str | None = None
+
+
+PositionLogprobs = dict[int, Logprob]  # one position's chosen and top-k tokens
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "stop", "length", "abort" or None while running
-    stop_reason: int | str | None = None  # the stop string or token that ended it
-    cumulative_logprob: float | None = None
+    # The stop string or stop token id that ended it; None when EOS (or length) did (vLLM's).
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None  # sum of the sampled tokens' logprobs, if asked
+    logprobs: list[PositionLogprobs] | None = None  # per output token, if asked
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -64,3 +82,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None  # per prompt token, if asked
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache

@@ -3,8 +3,11 @@
 Contract: strategies call `request.append_decoded_token(token_id, tokenizer)` (or
 `append_output_token(token_id, text)` with the text already decoded) after every sampled
 token; the request then decides by itself whether it is done (EOS, a stop token, a stop string,
-`max_tokens`, or the model's context full) and records `finish_reason` the way vLLM does:
-"stop" or "length".  Token ids keep the token that stopped it; text drops stop strings.
+`max_tokens`, or the model's context full) and records `finish_reason` and `stop_reason` the
+way vLLM does: "stop" (stop_reason: the stop string or stop token id; None for EOS) or "length".
+Token ids keep the token that stopped it; text drops stop strings (unless
+`include_stop_str_in_output`).  A request that asked for logprobs gets them with each token
+(`append_logprobs`), and its prompt's, chunk by chunk (`append_prompt_logprobs`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .detokenizer import IncrementalDetokenizer
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
+from .sampler import TokenLogprobs
 from .sampling_params import SamplingParams
 
 
@@ -65,11 +69,55 @@ class Request:
     # True: output_text follows every token (streaming).  False: decoded once when the request
     # ends (`LLM.generate`, which returns only finished outputs), unless stop strings need it.
     incremental_text: bool = True
+    index: int = 0  # which of the n samples of its prompt this request is (n > 1)
+    # n > 1: the sample whose prompt KV this one reads from the prefix cache; the scheduler
+    # admits this one only once that one's prompt is computed (`waits_for_prefix`).
+    prefix_source: Request | None = field(default=None, repr=False)
+    num_cached_tokens: int | None = None  # prefix-cache hit when first scheduled
+    # Logprobs asked for (None: not asked): one {token id: Logprob} per output token, and per
+    # prompt token (the first None: nothing predicts it).
+    logprobs: list[PositionLogprobs] | None = field(default=None, repr=False)
+    cumulative_logprob: float | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # Prompt and outputs in one list, kept up to date token by token: the engine reads it
         # every step, and concatenating two long lists each time would cost O(length).
         self._all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
+        params = self.sampling_params
+        if params.logprobs is not None and self.logprobs is None:
+            self.logprobs, self.cumulative_logprob = [], 0.0
+        if params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """Prompt logprobs need the logits of every prompt position: nothing may be skipped."""
+        return self.sampling_params.prompt_logprobs is not None
+
+    @property
+    def waits_for_prefix(self) -> bool:
+        """n > 1: wait while the sample this one shares its prompt with is still computing it,
+        so that this one finds the prompt's full blocks in the prefix cache."""
+        source = self.prefix_source
+        return (
+            source is not None
+            and not source.finished
+            and source.num_computed_tokens < source.num_prompt_tokens
+        )
+
+    def append_logprobs(self, found: TokenLogprobs, tokenizer) -> None:
+        """The logprobs of the token(s) just appended (one row per token)."""
+        for row in _position_dicts(found, tokenizer):
+            self.logprobs.append(row)
+            self.cumulative_logprob += next(iter(row.values())).logprob
+
+    def append_prompt_logprobs(self, first_position: int, found: TokenLogprobs, tokenizer) -> None:
+        """The logprobs of prompt tokens first_position, first_position + 1, ...; positions
+        already known (a preempted request computes its prompt again) are not added twice."""
+        rows = _position_dicts(found, tokenizer)
+        skip = len(self.prompt_logprobs) - first_position
+        self.prompt_logprobs.extend(rows[max(skip, 0):])
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -146,12 +194,16 @@ class Request:
     def _check_stop(self) -> None:
         params, token = self.sampling_params, self.output_token_ids[-1]
         if self.is_stop_token(token):
-            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, token
+            # vLLM's stop_reason: the stop token id, or None when EOS ended it.
+            is_eos = token not in params.stop_token_ids
+            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, None if is_eos else token
             return
         for stop in params.stop_strings:
             at = self.output_text.find(stop)
             if at != -1:
-                self.output_text = self.output_text[:at]  # the stop string is not returned
+                # The stop string is not returned, unless asked for (and then nothing after it).
+                keep = at + len(stop) if params.include_stop_str_in_output else at
+                self.output_text = self.output_text[:keep]
                 self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, stop
                 return
         if len(self.output_token_ids) >= self.max_new_tokens:
@@ -162,18 +214,55 @@ class Request:
         self.metrics.finished_time = time.perf_counter()
 
     def to_output(self) -> RequestOutput:
-        completion = CompletionOutput(
-            index=0,
-            text=self.output_text,
-            token_ids=list(self.output_token_ids),
-            finish_reason=self.finish_reason,
-            stop_reason=self.stop_reason,
-        )
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,  # never changes: shared, not copied each step
-            outputs=[completion],
+            outputs=[self.completion()],
             finished=self.finished,
             metrics=self.metrics,
+            prompt_logprobs=self.prompt_logprobs,
+            num_cached_tokens=self.num_cached_tokens or 0,
         )
+
+    def completion(self) -> CompletionOutput:
+        return CompletionOutput(
+            index=self.index,
+            text=self.output_text,
+            token_ids=list(self.output_token_ids),
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+        )
+
+
+def merge_samples(samples: list[Request], request_id: str) -> RequestOutput:
+    """The n samples of one prompt -> one RequestOutput, outputs indexed 0..n-1 (vLLM's shape).
+    Prompt logprobs come from sample 0 (the only one that computes them); num_cached_tokens
+    adds up the samples' prefix-cache hits (samples 1..n-1 read sample 0's prompt blocks)."""
+    first = samples[0]
+    return RequestOutput(
+        request_id=request_id,
+        prompt=first.prompt,
+        prompt_token_ids=first.prompt_token_ids,
+        outputs=[s.completion() for s in sorted(samples, key=lambda s: s.index)],
+        finished=all(s.finished for s in samples),
+        metrics=first.metrics,
+        prompt_logprobs=first.prompt_logprobs,
+        num_cached_tokens=sum(s.num_cached_tokens or 0 for s in samples),
+    )
+
+
+def _position_dicts(found: TokenLogprobs, tokenizer) -> list[PositionLogprobs]:
+    """vLLM's shape, one dict per position: {chosen id: Logprob(logprob, rank), then the top-k
+    ids: Logprob(logprob, 1..k)}, each with its token decoded on its own."""
+    rows = []
+    for ids, values, rank in zip(found.token_ids, found.logprobs, found.ranks):
+        row: PositionLogprobs = {}
+        for j, (token_id, value) in enumerate(zip(ids, values)):
+            if token_id not in row:
+                text = None if tokenizer is None else tokenizer.decode([token_id])
+                row[token_id] = Logprob(value, rank if j == 0 else j, text)
+        rows.append(row)
+    return rows

@@ -1,16 +1,38 @@
-"""Logits -> next tokens.  The last step of every serving strategy.
+"""Logits -> next tokens (and their logprobs).  The last step of every serving strategy.
 
 Contract: `sample(logits, params, generators)` returns one token id per row.  Greedy rows take
-the argmax; sampling rows apply temperature, then top-k, then top-p (vLLM's order), and draw
-with the row's own seeded `torch.Generator`, so a request's output does not depend on which
-other requests share its batch.
+the argmax; sampling rows apply temperature, then min-p, then top-k, then top-p (vLLM's order),
+and draw with the row's own seeded `torch.Generator`, so a request's output does not depend on
+which other requests share its batch.
+
+`sample_requests(logits, requests)` is the engine's entry: it also applies the logits
+processors that depend on a request's history, before `sample`, in vLLM V1's order:
+
+    raw logits ──> logprobs = log_softmax(raw)            (what `logprobs` reports: the model's
+        │                                                   own distribution, vLLM's default
+        ▼                                                   "raw_logprobs")
+    min_tokens: EOS and stop tokens -> -inf while fewer than min_tokens outputs exist
+    logit_bias: + bias[token]
+    repetition_penalty (prompt and output tokens), then frequency and presence (output tokens)
+        │
+        ▼
+    greedy: argmax          sampling: / temperature -> min_p -> top_k -> top_p -> draw
+
+Rows whose params change nothing skip the processors, so the plain path stays as cheap, and
+as exact, as before.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .request import Request
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -30,10 +52,21 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.T
     return logits
 
 
+def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """logits: (V,) -> -inf wherever a token's probability is below min_p x the best one's
+    (transformers' MinPLogitsWarper, vLLM's MinPLogitsProcessor)."""
+    if min_p <= 0:
+        return logits
+    probs = torch.softmax(logits, dim=-1)
+    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+
+
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits: (V,) -> the distribution a sampling request draws from: temperature, then
-    top-k, then top-p, then softmax.  (Speculative decoding applies it to both models.)"""
-    return torch.softmax(apply_top_k_top_p(logits / params.temperature, params.top_k, params.top_p), dim=-1)
+    min-p, then top-k, then top-p, then softmax.  (Speculative decoding applies it to both
+    models.)"""
+    scaled = apply_min_p(logits / params.temperature, params.min_p)
+    return torch.softmax(apply_top_k_top_p(scaled, params.top_k, params.top_p), dim=-1)
 
 
 def sample(
@@ -48,3 +81,129 @@ def sample(
             continue
         next_tokens[row] = torch.multinomial(sampling_probs(logits[row], p), 1, generator=gen)[0]
     return next_tokens
+
+
+# -- logits processors that read a request's history ---------------------------------------
+
+
+def token_counts(token_ids: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """-> (V,) how often each token id occurs in `token_ids`."""
+    ids = torch.tensor(token_ids, dtype=torch.long, device=device)
+    return torch.bincount(ids, minlength=vocab_size)[:vocab_size].to(torch.float32)
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_token_ids: list[int],
+    output_token_ids: list[int],
+    params: SamplingParams,
+) -> torch.Tensor:
+    """logits: (V,) -> penalised logits (a new tensor), as vLLM's `apply_penalties`:
+
+    repetition (transformers' RepetitionPenaltyLogitsProcessor): every token seen in the
+        prompt or the output has a positive logit divided by the penalty, a negative one
+        multiplied by it;
+    frequency and presence (OpenAI's definition, output tokens only):
+        logit -= frequency_penalty * count(token) + presence_penalty * (count(token) > 0).
+    """
+    vocab_size = logits.shape[-1]
+    output_counts = token_counts(output_token_ids, vocab_size, logits.device)  # (V,)
+    logits = logits.clone()
+    if params.repetition_penalty != 1.0:
+        seen = (token_counts(prompt_token_ids, vocab_size, logits.device) > 0) | (output_counts > 0)
+        penalised = torch.where(logits > 0, logits / params.repetition_penalty, logits * params.repetition_penalty)
+        logits = torch.where(seen, penalised, logits)
+    logits -= params.frequency_penalty * output_counts
+    logits -= params.presence_penalty * (output_counts > 0).to(logits.dtype)
+    return logits
+
+
+def apply_logit_bias(logits: torch.Tensor, logit_bias: dict[int, float]) -> torch.Tensor:
+    """logits: (V,) -> logits + bias at the biased ids (a new tensor)."""
+    ids = torch.tensor(list(logit_bias), dtype=torch.long, device=logits.device)
+    bias = torch.tensor(list(logit_bias.values()), dtype=logits.dtype, device=logits.device)
+    return logits.index_add(0, ids, bias)
+
+
+def apply_min_tokens(logits: torch.Tensor, stop_token_ids: list[int]) -> torch.Tensor:
+    """logits: (V,) -> -inf at the tokens that would end the request (while it is too short)."""
+    ids = torch.tensor(stop_token_ids, dtype=torch.long, device=logits.device)
+    return logits.index_fill(0, ids, float("-inf"))
+
+
+def process_logits(logits: torch.Tensor, request: Request) -> torch.Tensor:
+    """logits: (V,) raw -> what the request samples from, before temperature (vLLM's order:
+    min_tokens, logit_bias, then the penalties)."""
+    params = request.sampling_params
+    if params.min_tokens and len(request.output_token_ids) < params.min_tokens:
+        stops = list(params.stop_token_ids) + ([] if params.ignore_eos else list(request.eos_token_ids))
+        stops = [t for t in stops if t < logits.shape[-1]]
+        if stops:
+            logits = apply_min_tokens(logits, stops)
+    if params.logit_bias:
+        logits = apply_logit_bias(logits, params.logit_bias)
+    if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+        logits = apply_penalties(logits, request.prompt_token_ids, request.output_token_ids, params)
+    return logits
+
+
+# -- logprobs --------------------------------------------------------------------------------
+
+
+@dataclass
+class TokenLogprobs:
+    """Logprobs at some positions, as plain lists (vLLM's LogprobsLists).  Row i: the chosen
+    token (sampled, or the prompt's next token) first, then the top-k tokens best first."""
+
+    token_ids: list[list[int]]  # (N, 1 + k)
+    logprobs: list[list[float]]  # (N, 1 + k)
+    ranks: list[int]  # (N,) the chosen token's rank (1 = the most likely)
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def row(self, i: int) -> TokenLogprobs:
+        return TokenLogprobs(self.token_ids[i : i + 1], self.logprobs[i : i + 1], self.ranks[i : i + 1])
+
+
+def gather_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, num_top: int) -> TokenLogprobs:
+    """logprobs: (N, V) log-softmax, chosen: (N,) ids -> each row's chosen and top-`num_top`
+    tokens.  A rank counts the tokens at least as likely as the chosen one (vLLM's rule)."""
+    chosen_logprobs = logprobs.gather(1, chosen[:, None])  # (N, 1)
+    ranks = (logprobs >= chosen_logprobs).sum(dim=-1)  # (N,)
+    num_top = min(num_top, logprobs.shape[-1])
+    top = torch.topk(logprobs, num_top, dim=-1) if num_top > 0 else None
+    ids = chosen[:, None] if top is None else torch.cat([chosen[:, None], top.indices], dim=1)
+    values = chosen_logprobs if top is None else torch.cat([chosen_logprobs, top.values], dim=1)
+    return TokenLogprobs(ids.tolist(), values.float().tolist(), ranks.tolist())
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # (B,)
+    logprobs: list[TokenLogprobs | None]  # per row: its sampled token's, when it asked
+
+
+def sample_requests(logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+    """logits: (B, V) raw, one row per request -> next tokens, and the logprobs asked for."""
+    # 1. Logprobs of the raw model, for the rows that asked (before anything changes logits).
+    asking = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None]
+    raw_logprobs = torch.log_softmax(logits[asking].float(), dim=-1) if asking else None  # (A, V)
+    # 2. History-dependent processors, only on the rows they change.
+    processed = logits
+    for i, request in enumerate(requests):
+        if request.sampling_params.needs_processing:
+            if processed is logits:
+                processed = logits.clone()
+            processed[i] = process_logits(logits[i], request)
+    # 3. Greedy or sampled, each row with its own generator.
+    tokens = sample(processed, [r.sampling_params for r in requests], [r.generator for r in requests])
+    per_row: list[TokenLogprobs | None] = [None] * len(requests)
+    if asking:
+        num_top = max(requests[i].sampling_params.logprobs for i in asking)
+        found = gather_logprobs(raw_logprobs, tokens[asking], num_top)
+        for j, i in enumerate(asking):
+            k = requests[i].sampling_params.logprobs
+            row = found.row(j)
+            per_row[i] = TokenLogprobs([row.token_ids[0][: 1 + k]], [row.logprobs[0][: 1 + k]], row.ranks)
+    return SamplerOutput(tokens, per_row)

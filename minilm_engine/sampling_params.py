@@ -2,12 +2,20 @@
 
 Contract: a `SamplingParams` that constructs is valid; anything else raises `ValueError` or
 `TypeError` saying what is allowed.  `temperature=0` means greedy (argmax), and then top-p,
-top-k and seed do not matter.
+top-k, min-p and seed do not matter.  The ranges are vLLM's:
+
+    n >= 1                      independent samples of one prompt (the engine caps it: max_n)
+    presence_penalty, frequency_penalty in [-2, 2]      (OpenAI's, over the output tokens)
+    repetition_penalty > 0      1 = off (over prompt and output tokens, as transformers')
+    min_p in [0, 1]             min_tokens >= 0 (and <= max_tokens)
+    logprobs, prompt_logprobs   None or >= 0 top tokens (the engine caps them: max_logprobs, 20)
+    logit_bias                  {token id: bias}, biases in [-100, 100] (OpenAI's range)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -20,6 +28,19 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0  # EOS and stop tokens are masked until this many outputs exist
+    logit_bias: dict[int, float] | None = None
+    # Logprobs of the raw model (log-softmax of the logits before any penalty or temperature,
+    # vLLM V1's default "raw_logprobs"): of each sampled token plus the top `logprobs` ones,
+    # and of each prompt token (the first has none) plus the top `prompt_logprobs` ones.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
     # filled in by __post_init__: stop strings as a list
     _stop_list: list[str] = field(default_factory=list, init=False, repr=False)
 
@@ -60,8 +81,73 @@ class SamplingParams:
                 f"stop_token_ids must be a list of non-negative ints, got {self.stop_token_ids!r}"
             )
         self.stop_token_ids = list(self.stop_token_ids)
-        if not isinstance(self.ignore_eos, bool):
-            raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        self._check_extensions()
+
+    def _check_extensions(self) -> None:
+        """The fields beyond temperature / top-p / top-k, in vLLM's ranges."""
+        _check_int("n", self.n)
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_number(name, value)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        _check_number("repetition_penalty", self.repetition_penalty)
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        _check_number("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        _check_int("min_tokens", self.min_tokens)
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value)
+                if value < 0:
+                    raise ValueError(f"{name} must be None or >= 0 (top tokens per position), got {value}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise TypeError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+            for token, bias in self.logit_bias.items():
+                if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                    raise TypeError(f"logit_bias keys must be non-negative token ids, got {token!r}")
+                _check_number(f"logit_bias[{token}]", bias)
+                if not -100.0 <= bias <= 100.0:
+                    raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
+            self.logit_bias = dict(self.logit_bias)
+
+    @property
+    def needs_processing(self) -> bool:
+        """Whether any logits processor (penalties, bias, min-tokens) changes this row's logits."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+            or bool(self.logit_bias)
+            or self.min_tokens > 0
+        )
+
+    def for_sample(self, index: int) -> SamplingParams:
+        """The params of sample `index` of an n > 1 request: n = 1, and a seed of seed + index
+        (vLLM's rule), so sample i of a seeded request is reproducible on its own.  Prompt
+        logprobs are asked of sample 0 only: the others then read the prompt's KV from the
+        prefix cache (a request that wants prompt logprobs must compute every prompt position)."""
+        return replace(
+            self,
+            n=1,
+            seed=None if self.seed is None else self.seed + index,
+            prompt_logprobs=self.prompt_logprobs if index == 0 else None,
+        )
 
     @property
     def greedy(self) -> bool:

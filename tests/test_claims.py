@@ -103,3 +103,35 @@ def test_verdict_is_consistent_with_the_interval(samples: list[float], a: float,
         assert m.high < low or m.low > high
     else:
         assert m.low < low <= m.high or m.low <= high < m.high
+
+
+def test_bootstrap_over_items_separates_a_real_change_from_noise() -> None:
+    # Paired per-document losses: a change of 1% in every document is real; a change that is
+    # +5% on half the documents and -5% on the other half is noise around zero.
+    rng = random.Random(2)
+    base = [rng.uniform(1.0, 2.0) for _ in range(40)]
+    real = list(zip(base, [b * 1.01 for b in base]))
+    noisy = list(zip(base, [b * (1.05 if i % 2 else 0.95) for i, b in enumerate(base)]))
+
+    def change(pairs):
+        return 100 * (sum(q for _, q in pairs) / sum(b for b, _ in pairs) - 1)
+
+    assert judge("quantization raises the loss", Measurement.bootstrap(real, change, "%"), low=0).status == HOLDS
+    assert judge("quantization raises the loss", Measurement.bootstrap(noisy, change, "%"), low=0).status == UNRESOLVED
+    with pytest.raises(ValueError, match="two items"):
+        Measurement.bootstrap([1.0], sum)
+
+
+def test_recorded_verdicts_make_one_table_and_a_rerun_replaces_its_row(tmp_path) -> None:
+    from minilm_engine.teaching.claims import record, seed_claims_table
+
+    v1 = judge("batching 32 costs little more than 1", Measurement(2.7, 2.2, 3.0, "x"), high=1.5, source="seed")
+    record(v1, "01", folder=tmp_path)
+    record(judge("speculation helps one user", Measurement(1.4, 1.2, 1.6, "x"), low=1.0), "05", folder=tmp_path)
+    v1_again = judge("batching 32 costs little more than 1", Measurement(1.2, 1.1, 1.3, "x"), high=1.5)
+    record(v1_again, "01", folder=tmp_path)
+    rows = seed_claims_table(tmp_path)
+    assert [(r["chapter"], r["verdict"]) for r in rows] == [("01", HOLDS), ("05", HOLDS)]
+    assert rows[0]["measured"] == "1.20x" and rows[0]["interval"] == "[1.10x, 1.30x]"
+    smoke = record(v1, "07", write=False, folder=tmp_path)
+    assert smoke["verdict"] == FAILS and not (tmp_path / "07.json").exists()

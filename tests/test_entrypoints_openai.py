@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.entrypoints.chat_template import NOODLE_CHAT_TEMPLATE, chat_format_for, render_chat
+from minilm_engine.chat_template import NOODLE_CHAT_TEMPLATE, chat_format_for, render_chat
 from minilm_engine.entrypoints.openai import ServerThread
 
 PROMPTS = ["Order for table 7:\n", "Receipt #7061\n", "Shop diary, 12 March\n"]
@@ -108,6 +108,27 @@ def test_chat_uses_the_dialogue_template(client, llm):
     assert deltas[0].delta.role == "assistant"
     assert "".join(d.delta.content or "" for d in deltas) == want.text
     assert deltas[-1].finish_reason == want.finish_reason
+
+
+def test_chat_ignore_eos_ignores_the_templates_end_of_turn_too(client, llm):
+    """The dialogue template's "\\n" ends the waiter's turn like an end-of-turn token; with
+    ignore_eos (vLLM: generation_config's eos ids are then no stops) the answer runs to
+    max_tokens, as load generators (guidellm, bench serve) ask."""
+    messages = [{"role": "user", "content": "How much is the Miso Ramen?"}]
+    prompt = render_chat(llm.tokenizer, chat_format_for(llm.tokenizer, llm.model_path), messages)
+    short = client.chat.completions.create(model="noodle-chef", messages=messages, max_tokens=40, temperature=0)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 40
+    full = client.chat.completions.create(model="noodle-chef", messages=messages, max_tokens=40, temperature=0,
+                                          extra_body={"ignore_eos": True})
+    want = expected_text(llm, prompt, 40, ignore_eos=True)
+    assert full.usage.completion_tokens == 40 and full.choices[0].finish_reason == "length"
+    assert full.choices[0].message.content == want.text and "\n" in want.text
+    (offline,) = llm.chat(messages, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False)
+    assert offline.outputs[0].text == want.text  # LLM.chat: the same template, the same rule
+    # A stop the client asks for still applies.
+    asked = client.chat.completions.create(model="noodle-chef", messages=messages, max_tokens=40, temperature=0,
+                                           stop=["\n"], extra_body={"ignore_eos": True})
+    assert asked.choices[0].message.content == short.choices[0].message.content
 
 
 def test_models_health_and_metrics(client, server):

@@ -124,9 +124,9 @@ def test_neutral_values_of_unimplemented_fields_are_accepted(client, server):
 
 
 @pytest.mark.parametrize("endpoint, changes, param", [
-    ("completions", {"logit_bias": {"7": 50}}, "logit_bias"),
-    ("completions", {"extra_body": {"repetition_penalty": 1.2}}, "repetition_penalty"),
-    ("completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
+    ("completions", {"extra_body": {"best_of": 2}}, "best_of"),
+    ("completions", {"suffix": "!"}, "suffix"),
+    ("completions", {"extra_body": {"bad_words": ["ramen"]}}, "bad_words"),
     ("chat", {"tools": [{"type": "function", "function": {"name": "order"}}]}, "tools"),
     ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
     ("chat", {"extra_body": {"guided_choice": ["yes", "no"]}}, "guided_choice"),

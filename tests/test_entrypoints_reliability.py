@@ -155,3 +155,56 @@ def test_shutdown_aborts_what_is_in_flight_and_frees_every_block():
     assert llm.engine.block_pool.num_used_blocks == 0 and not llm.engine.has_unfinished_requests()
     assert server.engine.stats.num_aborted == 4
     assert all(reason in ("abort", None) for reason in reasons)
+
+
+def test_n_samples_with_logprobs_under_preemption_and_disconnects_leak_nothing(server):
+    # Issue 19's fields on the preempting server: n = 3 samples per request (each an engine
+    # request of its own), logprobs, echo; a third of the clients leave mid-stream.
+    rng = random.Random(5)
+    n, num_clients = 3, 12
+    prompts = sample_prompts(num_clients, seed=8)
+    leaving = set(rng.sample(range(num_clients), num_clients // 3))
+    already_ended = len(server.ended)
+
+    async def one(client: httpx.AsyncClient, i: int) -> dict:
+        body = {"model": MODEL, "prompt": prompts[i], "max_tokens": MAX_TOKENS, "temperature": 0, "n": n,
+                "logprobs": 2, "echo": i % 2 == 0, "stream": True}
+        texts, finish, num_chunks = {j: "" for j in range(n)}, {}, 0
+        async with client.stream("POST", server.url + "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                (choice,) = json.loads(line[6:])["choices"]
+                texts[choice["index"]] += choice["text"]
+                finish[choice["index"]] = choice["finish_reason"]
+                num_chunks += 1
+                if i in leaving and num_chunks == 4:
+                    break
+        return {"texts": texts, "finish": finish, "echo": body["echo"]}
+
+    async def run() -> list[dict]:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(num_clients)))
+
+    before_preemptions = server.engine.stats.num_preemptions
+    results = asyncio.run(run())
+    deadline = time.monotonic() + 30
+    while len(server.ended) < already_ended + n * num_clients and time.monotonic() < deadline:
+        time.sleep(0.05)
+    reference = LLM(MODEL, device="cpu", max_num_seqs=num_clients, record_trace=False)
+    alone = reference.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    assert server.engine.stats.num_preemptions > before_preemptions  # the hard path ran
+    for i, (result, want) in enumerate(zip(results, alone)):
+        if i in leaving:
+            continue
+        for j in range(n):
+            text = (prompts[i] if result["echo"] else "") + want.outputs[0].text
+            assert result["texts"][j] == text and result["finish"][j] == want.outputs[0].finish_reason
+    new_ends = server.ended[already_ended:]
+    assert len(new_ends) == n * num_clients
+    aborted = {rid for rid, reason in new_ends if reason == "abort"}
+    assert 0 < len(aborted) <= n * len(leaving)
+    assert server.engine.engine.block_pool.num_used_blocks == 0
+    assert server.engine.engine.get_num_unfinished_requests() == 0

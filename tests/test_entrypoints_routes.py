@@ -106,6 +106,24 @@ def test_tokenize_messages_uses_the_chat_template(server, client):
     assert text == "Ana: Two bowls, please.\nSam:"
 
 
+def test_tokenizer_info_as_lm_eval_reads_it(server, llm):
+    """vLLM's /tokenizer_info: lm-evaluation-harness tokenizes through the server when it
+    answers with an eos_token (and /tokenize works), encoding special tokens as /tokenize does."""
+    info = httpx.get(server.url + "/tokenizer_info").json()
+    assert info["eos_token"] == info["bos_token"] == "<|endoftext|>" and info["model_max_length"] == 1024
+    assert info["tokenizer_class"] == type(llm.tokenizer).__name__
+    assert info["added_tokens_decoder"] == {"0": "<|endoftext|>"}
+    assert not {"vocab_file", "merges_file", "tokenizer_file"} & set(info)
+    # The template /v1/chat/completions renders with, so a client renders the same prompt.
+    from jinja2 import Template
+    messages = [{"role": "user", "content": "Two bowls, please."}]
+    rendered = Template(info["chat_template"]).render(messages=messages, add_generation_prompt=True)
+    asked = httpx.post(server.url + "/tokenize", json={"model": MODEL, "messages": messages}).json()
+    assert llm.tokenizer.encode(rendered, add_special_tokens=True) == asked["tokens"]
+    eos = httpx.post(server.url + "/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False})
+    assert eos.json()["tokens"] == [llm.tokenizer.eos_token_id]
+
+
 def test_version(server):
     assert httpx.get(server.url + "/version").json() == {"version": __version__}
 

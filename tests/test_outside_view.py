@@ -50,3 +50,14 @@ def test_stable_text_first_is_found_in_the_prefix_cache(server, tokenizer):
 def test_capacity_is_the_rate_of_a_burst(server):
     rate = outside_view.capacity(server, num_requests=4, output_len=4)
     assert 0 < rate < 1000
+
+
+def test_a_token_limit_refuses_huge_requests_and_passes_as_many_small_ones(tokenizer):
+    table = outside_view.tokens_not_requests(None, tokenizer, num_requests=4, small=(8, 4), huge=(64, 32))
+    small, huge = table.set_index("user").loc["small requests"], table.set_index("user").loc["huge requests"]
+    assert (small["answered 200"], small["answered 429"]) == (4, 0)
+    assert (huge["answered 200"], huge["answered 429"]) == (2, 2)  # the limit is 2.5 huge requests
+    assert table["other answers"].sum() == 0
+    assert huge["remaining tokens after"] < huge["tokens reserved each"]
+    with pytest.raises(ValueError, match="tokenizer"):
+        outside_view.tokens_not_requests(None, None)

@@ -46,6 +46,11 @@ def test_prefill_flops_and_crossover() -> None:
     at = prefill.prefill_flops(CHEF_LIKE, int(t_star))
     assert at.attention == pytest.approx(at.linear)
     assert at.attention_fraction == pytest.approx(0.5)
+    # A causal kernel computes half the square: T* doubles, and is again where the two are equal.
+    causal = prefill.attention_crossover_tokens(CHEF_LIKE, causal=True)
+    assert causal == 2 * t_star
+    at = prefill.prefill_flops(CHEF_LIKE, int(causal), causal=True)
+    assert at.attention == pytest.approx(at.linear)
 
 
 # -- the fit ---------------------------------------------------------------------------------

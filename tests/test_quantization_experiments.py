@@ -61,7 +61,11 @@ def test_quality_table_runs_and_int4_costs_more_than_int8():
     assert rows[0]["perplexity_change"] == 0 and all(1 < r["perplexity"] < 3 for r in rows)
     assert abs(rows[1]["perplexity_change"]) < rows[2]["perplexity_change"]
     assert rows[2]["weight_bytes"] < rows[1]["weight_bytes"] < rows[0]["weight_bytes"]
-    assert all(0 <= r["receipts_add_up"] <= 1 for r in rows)
+    assert all(0 <= r["receipts_add_up"] <= 1 and r["num_receipts"] == 2 for r in rows)
+    # per-window losses, the same windows for every setting: their mean is the perplexity's log
+    assert len({len(r["window_losses"]) for r in rows}) == 1
+    for r in rows:
+        assert math.exp(sum(r["window_losses"]) / len(r["window_losses"])) == pytest.approx(r["perplexity"], rel=1e-4)
 
 
 def test_decode_speed_table_pairs_every_run_with_a_baseline_run(monkeypatch):
@@ -75,7 +79,7 @@ def test_decode_speed_table_pairs_every_run_with_a_baseline_run(monkeypatch):
     settings = [Setting("fp32"), Setting("int8", "int8"), Setting("int4 g32", "int4", {"group_size": 32})]
     rows = decode_speed_table("noodle-apprentice", settings, num_tokens=3, repeats=3)
     assert [r["setting"] for r in rows] == ["fp32", "int8", "int4 g32"]
-    assert [len(r["runs"]) for r in rows] == [3, 3, 3]
+    assert [len(r["runs"]) for r in rows] == [3, 3, 3] and [len(r["ratios"]) for r in rows] == [1, 3, 3]  # the baseline is its own ratio
     assert rows[0]["speedup"] == 1.0 and rows[0]["kernel"] == "-" and rows[1]["kernel"] != "-"
     # a run right after its baseline run sees twice the load: ratio = bytes ratio / 2, each pair
     for r in rows[1:]:

@@ -36,6 +36,18 @@ def test_rate_sweep_and_knee(server):
     assert len(serving.sweep_figure(table).data) == 6
 
 
+def test_rate_sweep_sends_the_same_prompts_with_an_arrival_seed_per_rate(monkeypatch):
+    seen = []  # (arrival seed, prompts) of each rate's benchmark run
+    monkeypatch.setattr(serving, "run_benchmark",
+                        lambda config, requests, progress: seen.append((config.seed, [r.prompt for r in requests])))
+    monkeypatch.setattr(serving, "model_name", lambda server: "m")
+    monkeypatch.setattr(serving, "_row", lambda head, result: head)  # nothing was run: no metrics to read
+    fake_server = type("Server", (), {"url": "http://localhost:1"})()
+    serving.rate_sweep(fake_server, [2.0, 4.0, 8.0], min_requests=4, max_requests=4, seed=7)
+    assert [s for s, _ in seen] == [7, 8, 9], "every rate draws its own arrival gaps"
+    assert seen[0][1] == seen[1][1] == seen[2][1], "from the same prompts"
+
+
 def test_knee_is_the_last_rate_kept_up_with():
     table = pd.DataFrame({"offered req/s": [1.0, 2.0, 4.0, 8.0, math.inf],
                           "sent req/s": [0.8, 2.1, 4.0, 7.5, math.inf],  # Poisson draws, off their mean

@@ -38,9 +38,11 @@ class EngineConfig:
     # Who goes first (vLLM's --scheduling-policy): "fcfs" (arrival order, the default) or
     # "priority" (each request's priority, lower first, then arrival; see request_queue.py).
     scheduling_policy: str = "fcfs"
+    max_logprobs: int = 20  # most top tokens a request may ask logprobs of per position (vLLM's)
+    max_n: int = 128  # most samples (n) per prompt
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_n"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -50,6 +52,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
         if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
             raise ValueError("pass num_kv_blocks or kv_cache_memory, not both")
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

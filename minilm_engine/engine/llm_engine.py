@@ -46,6 +46,23 @@ from .model_runner import ModelRunner
 from .scheduler import Scheduler, SchedulerOutput, is_decoding
 from .trace import ScheduledChunk, StepCallback, StepRecord, StepTrace
 
+# What the verification step does not compute: the rejection sampler draws from the target's
+# temperature / min-p / top-k / top-p distribution only, and keeps no per-token logprobs.
+_NOT_WITH_SPECULATION = ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
+                         "repetition_penalty", "logit_bias", "min_tokens")
+
+
+def check_speculation_supports(params: SamplingParams) -> None:
+    """Raise for sampling options speculative decoding does not implement (rather than ignore them)."""
+    defaults = SamplingParams()
+    for name in _NOT_WITH_SPECULATION:
+        if getattr(params, name) not in (getattr(defaults, name), {}):
+            raise ValueError(
+                f"{name} is not supported with speculative decoding (speculative_config); "
+                "serve without it to use this option"
+            )
+
+
 def check_priority(priority: int, scheduling_policy: str) -> None:
     """vLLM's rule: a priority other than 0 needs the priority policy (under fcfs it would be
     silently ignored)."""
@@ -184,6 +201,8 @@ class LLMEngine:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
         check_priority(request.priority, self.config.scheduling_policy)
+        if self.proposer is not None:
+            check_speculation_supports(request.sampling_params)
         # A request that could not fit the whole pool even alone would be preempted forever.
         worst_case = request.num_prompt_tokens + request.max_new_tokens
         blocks_needed = cdiv(worst_case, self.config.block_size)
@@ -299,8 +318,9 @@ class LLMEngine:
         for s in sched.scheduled:
             if s.request.metrics.first_scheduled_time is None:
                 s.request.metrics.first_scheduled_time = now
-        results = self.runner.execute(sched.scheduled)  # 3. execute
-        update = self.scheduler.update_from_output(sched, results, self.tokenizer)  # 4. update
+        output = self.runner.execute(sched.scheduled)  # 3. execute
+        results = output.sampled_token_ids
+        update = self.scheduler.update_from_output(sched, results, self.tokenizer, output)  # 4. update
         for s, tokens in zip(sched.scheduled, results):
             if s.draft is not None:
                 self._observe_round(s.request, len(s.draft), len(tokens) - 1)

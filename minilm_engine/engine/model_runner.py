@@ -1,9 +1,12 @@
 """One engine step on the model: flatten the scheduled tokens, run, sample.
 
 Contract: `ModelRunner.execute(scheduled)` computes keys/values for every
-scheduled token into the paged cache and returns, per scheduled request, the tokens to append:
-one sampled token, none when the step only computed part of a prompt (a chunk), or, for a
-request verifying drafts (speculative decoding), the accepted drafts and one more token.
+scheduled token into the paged cache and returns a `ModelRunnerOutput`: per scheduled request,
+the tokens to append (one sampled token, none when the step only computed part of a prompt (a
+chunk), or, for a request verifying drafts (speculative decoding), the accepted drafts and one
+more token), with their logprobs and this chunk's prompt logprobs where the request asked.
+Prompt logprobs take the logits of every prompt row of the chunk, so only requests that ask
+pay for them.
 
     scheduled:    A: 4 prompt tokens   B: 1 decode token   C: 2 of 5 prompt tokens (a chunk)
     input_ids:    [ a0 a1 a2 a3 | b7 | c0 c1 ]          one row, no padding
@@ -17,6 +20,7 @@ request verifying drafts (speculative decoding), the accepted drafts and one mor
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,10 +31,27 @@ from ..kv_cache.chunks import Chunk, flatten_chunks
 from ..attention.context import PagedAttention
 from ..kv_cache.paged import PagedKVCache
 from ..models import CausalLM
-from ..sampler import sample
+from ..sampler import TokenLogprobs, gather_logprobs, sample_requests
 from ..spec_decode.rejection_sampler import rejection_sample
 from .cuda_graphs import DecodeGraphRunner
 from .scheduler import ScheduledRequest
+
+
+@dataclass
+class PromptLogprobs:
+    """The logprobs of prompt tokens first_position, first_position + 1, ... (one chunk's)."""
+
+    first_position: int
+    logprobs: TokenLogprobs
+
+
+@dataclass
+class ModelRunnerOutput:
+    """One step's results, per scheduled request (in schedule order)."""
+
+    sampled_token_ids: list[list[int]]
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # of the sampled tokens
+    prompt_logprobs: list[PromptLogprobs | None] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -60,7 +81,7 @@ class ModelRunner:
         return flatten_chunks(chunks, self.block_manager.block_size, self.model.device)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> list[list[int]]:
+    def execute(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
         """A verifying request's `draft` carries its ids and, for a sampling request, the
         draft's (k, V) distributions (speculative decoding; greedy requests need none)."""
         # Triton launches, and graph replays, go to the *current* CUDA device: make it the
@@ -69,7 +90,7 @@ class ModelRunner:
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             return self._execute(scheduled)
 
-    def _execute(self, scheduled: list[ScheduledRequest]) -> list[list[int]]:
+    def _execute(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
         input_ids, positions, meta = self.prepare(scheduled)
         graphs = self.decode_graphs
         if graphs is not None and graphs.can_run(len(input_ids), meta):
@@ -78,13 +99,14 @@ class ModelRunner:
             attn = PagedAttention(self.cache, meta, self.attention_backend)
             hidden = self.model(input_ids[None], positions[None], attn)[0]  # (N, hidden)
         results: list[list[int]] = [[] for _ in scheduled]
+        out = ModelRunnerOutput(results, [None] * len(scheduled), self._prompt_logprobs(scheduled, hidden, meta))
         # Only sequences whose every known token is now computed get a next token: a plain one
         # from the logits at its last row, a verifying one from the rows of its last token and
         # its k drafts.  All of them go through the LM head in one matmul.
         plain = [i for i, s in enumerate(scheduled) if s.samples_token and s.draft is None]
         verifying = [i for i, s in enumerate(scheduled) if s.draft is not None]
         if not plain and not verifying:
-            return results
+            return out
         rows = meta.query_start_loc[1:][plain] - 1  # (num_plain,) each plain request's last row
         if verifying:
             ends = meta.query_start_loc[1:][verifying].tolist()
@@ -92,13 +114,34 @@ class ModelRunner:
             rows = torch.cat([rows, torch.tensor(spans, device=rows.device)])
         logits = self.model.compute_logits(hidden[rows])  # (num_plain + sum of k + 1, V)
         if plain:
-            requests = [scheduled[i].request for i in plain]
-            tokens = sample(logits[: len(plain)], [r.sampling_params for r in requests], [r.generator for r in requests])
-            for i, token in zip(plain, tokens.tolist()):
+            sampled = sample_requests(logits[: len(plain)], [scheduled[i].request for i in plain])
+            for i, token, logprobs in zip(plain, sampled.token_ids.tolist(), sampled.logprobs):
                 results[i] = [token]
+                out.logprobs[i] = logprobs
         if verifying:
             self._verify(scheduled, verifying, logits[len(plain) :], results)
-        return results
+        return out
+
+    def _prompt_logprobs(self, scheduled, hidden: torch.Tensor, meta) -> list[PromptLogprobs | None]:
+        """For the requests that asked: row j of a chunk starting at position p scores the
+        prompt token at p + j + 1 (the last prompt row scores the first output: not a prompt
+        logprob), in float32 log-softmax of the raw logits."""
+        found: list[PromptLogprobs | None] = [None] * len(scheduled)
+        asking = [i for i, s in enumerate(scheduled) if s.request.sampling_params.prompt_logprobs is not None]
+        starts = meta.query_start_loc.tolist() if asking else None
+        for i in asking:
+            s = scheduled[i]
+            k = s.request.sampling_params.prompt_logprobs
+            end = min(s.num_computed_tokens + s.num_new_tokens, s.request.num_prompt_tokens - 1)
+            if end <= s.num_computed_tokens:
+                continue  # a decode step, or a chunk holding only the prompt's last token
+            num_rows = end - s.num_computed_tokens
+            logits = self.model.compute_logits(hidden[starts[i] : starts[i] + num_rows])  # (num_rows, V)
+            targets = s.request.prompt_token_ids[s.num_computed_tokens + 1 : end + 1]
+            chosen = torch.tensor(targets, dtype=torch.long, device=logits.device)
+            logprobs = gather_logprobs(torch.log_softmax(logits.float(), dim=-1), chosen, k)
+            found[i] = PromptLogprobs(s.num_computed_tokens + 1, logprobs)
+        return found
 
     def _verify(self, scheduled, verifying, logits, results) -> None:
         """Speculative decoding: `logits` (sum of k + 1, V) at the last k + 1 rows of each

@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ..kv_cache.block_manager import BlockManager
 from ..pluggable import replaceable
@@ -44,6 +45,9 @@ from ..request import Request, RequestStatus
 from ..spec_decode.rejection_sampler import DraftTokens
 from .config import EngineConfig
 from .request_queue import RequestOrder
+
+if TYPE_CHECKING:
+    from .model_runner import ModelRunnerOutput
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,8 @@ class Scheduler:
         for a batch one to finish, and the batch request is recomputed later."""
         if out.preempted:
             return None
+        if request.waits_for_prefix and self.block_manager.enable_prefix_caching:
+            return None  # n > 1: its sibling's prompt blocks are about to be cached
         if len(self.running) >= self.config.max_num_seqs:
             if not (may_take_a_seat and self.order.goes_before(request, self.running[-1])):
                 return None
@@ -240,6 +246,8 @@ class Scheduler:
         computed_blocks, num_cached = self.block_manager.get_computed_blocks(
             request.all_token_ids, request.block_hashes.setdefault(self.block_manager.block_size, [])
         )
+        if request.skip_reading_prefix_cache:  # prompt logprobs: every position is computed
+            computed_blocks, num_cached = [], 0
         num_new = self._num_tokens_to_compute(request.num_tokens, num_cached, budget)
         if num_new == 0 or not self.block_manager.allocate_slots(
             request.request_id, num_cached, num_new, computed_blocks
@@ -251,6 +259,8 @@ class Scheduler:
         self.num_prefix_cache_hits += num_cached
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_cached  # the prefix hit is in the cache already
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_cached
         out.scheduled.append(schedule_request(request, num_new, num_cached))
         return num_new
 
@@ -274,7 +284,11 @@ class Scheduler:
         self.order.requeue(self.waiting, request)
 
     def update_from_output(
-        self, out: SchedulerOutput, sampled: list[list[int]] | None = None, tokenizer=None
+        self,
+        out: SchedulerOutput,
+        sampled: list[list[int]] | None = None,
+        tokenizer=None,
+        logprobs: ModelRunnerOutput | None = None,
     ) -> StepUpdate:
         """The step ran: append its tokens, and its keys/values are in the cache.
 
@@ -283,18 +297,24 @@ class Scheduler:
         finishes (tokens after a stop are dropped, accepted or not).  Drafts not appended were
         computed for nothing: the computed count falls back before them and blocks past it are
         freed.  Then full blocks join the prefix cache.  `sampled=None`: no tokens this step
-        (tests of the scheduler alone append their own).
+        (tests of the scheduler alone append their own).  `logprobs`: the runner's output, whose
+        logprobs (sampled tokens', prompt chunks') go to the requests that asked.
         """
         update = StepUpdate()
         for i, s in enumerate(out.scheduled):
             r = s.request
             tokens = sampled[i] if sampled is not None else []
+            if logprobs is not None and logprobs.prompt_logprobs[i] is not None:
+                found = logprobs.prompt_logprobs[i]
+                r.append_prompt_logprobs(found.first_position, found.logprobs, tokenizer)
             num_appended = 0
             for token in tokens:
                 r.append_decoded_token(token, tokenizer)
                 num_appended += 1
                 if r.finished:
                     break
+            if num_appended and logprobs is not None and logprobs.logprobs[i] is not None:
+                r.append_logprobs(logprobs.logprobs[i], tokenizer)
             rejected = len(s.spec_token_ids) - max(num_appended - 1, 0) if tokens else 0
             r.num_computed_tokens += s.num_new_tokens - rejected
             self.block_manager.commit(r.request_id, r.all_token_ids, r.num_computed_tokens)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..llm import LLM, _stable_prefix
+from ..outputs import PositionLogprobs
 from ..request import Request
 from ..sampling_params import SamplingParams
 
@@ -44,6 +45,8 @@ class StreamDelta:
     finish_reason: str | None  # "stop", "length", "abort" once finished
     num_prompt_tokens: int
     num_output_tokens: int  # so far, this delta included
+    logprobs: list[PositionLogprobs] | None = None  # of token_ids, if the request asked
+    stop_reason: int | str | None = None  # once finished: the stop string or token id (vLLM's)
 
 
 @dataclass
@@ -165,6 +168,10 @@ class AsyncLLMEngine:
         """Tokenize and validate (raises ValueError / TypeError); touches no engine state."""
         return self.llm.input_processor.make_request(request_id, prompt, params, priority)
 
+    def make_requests(self, request_id: str, prompt, params: SamplingParams, priority: int = 0) -> list[Request]:
+        """The n samples of one prompt (`InputProcessor.make_requests`); touches no engine state."""
+        return self.llm.input_processor.make_requests(request_id, prompt, params, priority)
+
     async def add_request(self, request: Request) -> RequestStream:
         """Queue a prepared request; raises the engine's error if it refuses it (e.g. it could
         not fit the KV pool even alone)."""
@@ -270,6 +277,8 @@ class AsyncLLMEngine:
             finish_reason=final_reason or request.finish_reason,
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=len(request.output_token_ids),
+            logprobs=None if request.logprobs is None else request.logprobs[len(request.output_token_ids) - len(new_ids):],
+            stop_reason=request.stop_reason,
         )
         self._deliver(tracked.stream.queue.put_nowait, delta)
 

@@ -48,13 +48,16 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority"],
                         help="fcfs (default: arrival order) or priority (each request's priority, lower "
                              "first; the flex service tier after interactive requests)")
+    parser.add_argument("--max-logprobs", type=int, default=None, help="most top logprobs per token (default 20)")
+    parser.add_argument("--max-n", type=int, default=None, help="most samples per prompt, n (default 128)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads on a CPU (default: 1 for a small model, torch's choice otherwise)")
 
 
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory",
                  "gpu_memory_utilization", "enable_prefix_caching", "enable_chunked_prefill",
-                 "attention_backend", "enforce_eager", "speculative_config", "scheduling_policy")
+                 "attention_backend", "enforce_eager", "speculative_config", "scheduling_policy",
+                 "max_logprobs", "max_n")
 
 
 def llm_from_args(args: argparse.Namespace) -> LLM:

@@ -32,7 +32,8 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -198,6 +199,7 @@ class DecodeTiming:
     batch_size: int
     step_s: float  # median wall time of one decode step
     min_step_s: float
+    round_step_s: tuple[float, ...] = ()  # each interleaved round's median (see _sweep), for intervals
 
     @property
     def tokens_per_s(self) -> float:
@@ -280,14 +282,31 @@ def time_engine_decode_step(
 def _sweep(measure, batch_sizes: list[int], num_rounds: int) -> list[DecodeTiming]:
     """measure(b) for every batch size, `num_rounds` interleaved rounds (so a burst of other
     work on a shared machine does not land on one batch size only); keep each size's fastest
-    median."""
+    median, and every round's median in `round_step_s` (round i of two sizes ran close in time:
+    their ratio round by round is a paired measurement)."""
     best: dict[int, DecodeTiming] = {}
+    rounds: dict[int, list[float]] = {}
     for _ in range(num_rounds):
         for b in sorted(batch_sizes):
             timing = measure(b)
+            rounds.setdefault(b, []).append(timing.step_s)
             if b not in best or timing.step_s < best[b].step_s:
                 best[b] = timing
-    return [best[b] for b in sorted(best)]
+    return [replace(best[b], round_step_s=tuple(rounds[b])) for b in sorted(best)]
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache (Linux sysfs), or None where it cannot be read.  A model whose
+    weights fit in it is not read from main memory, so the copy bandwidth overstates its floor."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+    return max(sizes) if sizes else None
 
 
 def decode_sweep(
@@ -344,6 +363,7 @@ class ServingRun:
     e2e_latencies: list[float]
     ttfts: list[float]
     num_steps: int | None = None  # engine steps (continuous only; static steps follow from lens)
+    repeat_wall_s: tuple[float, ...] = ()  # every repeat's wall time (compare_serving), for intervals
 
     @classmethod
     def from_outputs(
@@ -423,14 +443,17 @@ def compare_serving(
     llms: dict[str, object], workload: Workload, num_repeats: int = 1
 ) -> dict[str, ServingRun]:
     """Run the workload on every LLM, interleaved, `num_repeats` times; keep each one's fastest
-    run (on a shared machine the fastest is the least disturbed)."""
+    run (on a shared machine the fastest is the least disturbed), with every repeat's wall time
+    in `repeat_wall_s` (repeat i of each LLM ran back to back: a paired measurement)."""
     best: dict[str, ServingRun] = {}
+    walls: dict[str, list[float]] = {}
     for _ in range(num_repeats):
         for name, llm in llms.items():
             run = run_workload(llm, workload)
+            walls.setdefault(name, []).append(run.wall_s)
             if name not in best or run.wall_s < best[name].wall_s:
                 best[name] = run
-    return best
+    return {name: replace(run, repeat_wall_s=tuple(walls[name])) for name, run in best.items()}
 
 
 # -- your latency depends on others' traffic -------------------------------------------------

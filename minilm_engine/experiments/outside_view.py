@@ -11,6 +11,8 @@ and `/metrics` (the engine's Prometheus counters), and returns a plain pandas ta
     ttft_by_prompt_length    TTFT of prompts of rising length (fresh text each time, no cache hit)
     stable_prefix_first      the same requests with the shared text first or last: prefix-cache
                              hits and TTFT, interleaved request by request
+    tokens_not_requests      the same number of small and of huge requests against a limit in
+                             tokens per minute: which get a 429
 
 Timings are medians with [min, max] over repeats, and the lengths (or layouts) are visited in
 rotating order, so a burst of noise from other programs hits every configuration alike.
@@ -241,3 +243,47 @@ def capacity(server, num_requests: int = 32, output_len: int = 32, seed: int = 0
     if failed:
         raise RuntimeError(f"{len(failed)} of {num_requests} requests failed, e.g. {failed[0]}")
     return result.metrics.request_throughput
+
+
+def tokens_not_requests(model: str | None = None, tokenizer=None, *, device: str = "cpu", threads: int | None = 1,
+                        num_requests: int = 8, small: tuple[int, int] = (16, 8), huge: tuple[int, int] = (300, 100),
+                        seed: int = 0) -> pd.DataFrame:
+    """Two users send the same number of requests against a server that limits every key in
+    tokens per minute: one sends small requests (`small` = prompt tokens, max_tokens), the other
+    huge ones.  The limit is set to 2.5 huge requests' worth of tokens (prompt + max_tokens, what
+    the server reserves at admission), which the small user's whole series stays under.  One
+    request at a time, each user on its own key; returns a row per user: requests sent, tokens
+    each reserves, how many were answered 200 and 429, and the `x-ratelimit-remaining-tokens`
+    of the last answer.  `table.attrs["limit_tpm"]` is the limit.
+    """
+    if tokenizer is None:
+        raise ValueError("tokens_not_requests needs the model's tokenizer (to build prompts of known length)")
+    prompts = {name: tokenizer.decode(corpus_token_ids(tokenizer, n, seed + i))
+               for i, (name, (n, _)) in enumerate((("small", small), ("huge", huge)))}
+    lengths = {name: len(tokenizer.encode(p, add_special_tokens=False)) for name, p in prompts.items()}
+    max_tokens = {"small": small[1], "huge": huge[1]}
+    huge_cost = lengths["huge"] + huge[1] + 2  # + a BOS the server may add
+    limit = int(2.5 * huge_cost)
+    if num_requests * (lengths["small"] + small[1] + 2) > limit:
+        raise ValueError("the small requests must fit the limit: use fewer or smaller ones")
+    rows = []
+    with ServerProcess(model, ["--rate-limit-tpm", str(limit)], device=device, threads=threads) as server:
+        for name in ("small", "huge"):
+            codes, remaining, reserved = [], None, None
+            for _ in range(num_requests):
+                reply = httpx.post(server.url + "/v1/completions", timeout=120,
+                                   headers={"Authorization": f"Bearer user-{name}"},
+                                   json={"model": server.served_name, "prompt": prompts[name],
+                                         "max_tokens": max_tokens[name], "temperature": 0, "ignore_eos": True})
+                codes.append(reply.status_code)
+                remaining = reply.headers.get("x-ratelimit-remaining-tokens", remaining)
+                if reply.status_code == 200:
+                    reserved = reply.json()["usage"]["prompt_tokens"] + max_tokens[name]
+            rows.append({"user": f"{name} requests", "requests": num_requests,
+                         "tokens reserved each": reserved if reserved is not None else lengths[name] + max_tokens[name],
+                         "answered 200": codes.count(200), "answered 429": codes.count(429),
+                         "other answers": len(codes) - codes.count(200) - codes.count(429),
+                         "remaining tokens after": int(remaining) if remaining is not None else None})
+    table = pd.DataFrame(rows)
+    table.attrs["limit_tpm"] = limit
+    return table

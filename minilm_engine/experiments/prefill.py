@@ -14,6 +14,10 @@ Cost of a prefill of T tokens, as this engine computes it:
                                          square and masks it (a causal kernel would do half)
 
     they are equal at  T* = P / (2 * L * H * D)      (for a standard layout, about 6 x hidden_size)
+
+A causal kernel (FlashAttention, what production engines run) skips the masked half of the
+square: attention costs 2 * L * H * D * T^2 and T* doubles to P / (L * H * D), about
+12 x hidden_size.  `causal=True` gives those numbers; the default is what this engine computes.
 """
 
 from __future__ import annotations
@@ -59,16 +63,18 @@ class PrefillFlops:
         return self.attention / self.total
 
 
-def prefill_flops(config: ModelConfig, num_tokens: int) -> PrefillFlops:
-    """Floating-point operations of one prefill of `num_tokens` tokens (module docstring)."""
+def prefill_flops(config: ModelConfig, num_tokens: int, causal: bool = False) -> PrefillFlops:
+    """Floating-point operations of one prefill of `num_tokens` tokens (module docstring);
+    `causal=True` counts only the unmasked half of the score square, as a causal kernel does."""
     linear = 2 * matmul_parameters(config) * num_tokens
-    per_token_pair = 4 * config.num_hidden_layers * config.num_attention_heads * config.head_dim
+    per_token_pair = (2 if causal else 4) * config.num_hidden_layers * config.num_attention_heads * config.head_dim
     return PrefillFlops(num_tokens, float(linear), float(per_token_pair * num_tokens**2))
 
 
-def attention_crossover_tokens(config: ModelConfig) -> float:
-    """Prompt length at which the attention FLOPs equal the linear FLOPs."""
-    per_head_dim = 2 * config.num_hidden_layers * config.num_attention_heads * config.head_dim
+def attention_crossover_tokens(config: ModelConfig, causal: bool = False) -> float:
+    """Prompt length at which the attention FLOPs equal the linear FLOPs (twice as long with a
+    causal kernel, which computes half the score square)."""
+    per_head_dim = (1 if causal else 2) * config.num_hidden_layers * config.num_attention_heads * config.head_dim
     return matmul_parameters(config) / per_head_dim
 
 

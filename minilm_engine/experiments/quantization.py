@@ -99,6 +99,13 @@ def perplexity(model, windows: torch.Tensor) -> float:
     return math.exp(mean_loss(model, windows))
 
 
+@torch.no_grad()
+def window_losses(model, windows: torch.Tensor) -> list[float]:
+    """Mean next-token loss of each window (W, L + 1): the items a perplexity difference is
+    bootstrapped over (the same windows for every setting, so the comparison is paired)."""
+    return [next_token_loss(model, windows[i : i + 1]).item() for i in range(len(windows))]
+
+
 # -- receipts --------------------------------------------------------------------------------
 
 def receipt_adds_up(text: str) -> bool:
@@ -148,7 +155,9 @@ def quality_table(
         row = {
             "setting": setting.label,
             "perplexity": perplexity(llm.model, windows),
+            "window_losses": window_losses(llm.model, windows),
             "receipts_add_up": receipt_score(llm, receipt_prompts(num_receipts)),
+            "num_receipts": num_receipts,
             "weight_bytes": llm.weight_bytes,
             "quantize_seconds": seconds,
             "num_heldout_tokens": windows[:, 1:].numel(),
@@ -262,7 +271,7 @@ def decode_speed_table(model, settings: list[Setting], num_tokens: int = 16, pro
         layer = next((m for m in llm.model.modules() if hasattr(m, "kernel")), None)
         rows.append({"setting": setting.label, "kernel": layer.kernel.name if layer else "-",
                      "tokens_per_s": statistics.median(speeds), "weight_bytes": llm.weight_bytes,
-                     "speedup": statistics.median(ratios), "runs": speeds})
+                     "speedup": statistics.median(ratios), "runs": speeds, "ratios": ratios})
         if progress is not None:
             progress(rows[-1])
 

@@ -66,13 +66,16 @@ def rate_sweep(server: ServerThread, rates: list[float], output_len: int = 32, s
                min_requests: int = 16, max_requests: int = 96, slo: dict[str, float] | None = None,
                seed: int = 0) -> tuple[pd.DataFrame, list[BenchResult]]:
     """The same kind of traffic (Poisson arrivals, greedy, exactly `output_len` tokens each) at
-    each rate, about `seconds_per_rate` of arrivals each (bounded by min/max_requests)."""
+    each rate, about `seconds_per_rate` of arrivals each (bounded by min/max_requests).  Every
+    rate draws from the same prompts (`seed`), and its arrival gaps from its own seed (`seed` +
+    its index): with one seed, every rate would replay the same gap pattern scaled, and a burst
+    in it would hit every rate at the same place."""
     rows, results = [], []
-    for rate in rates:
+    for index, rate in enumerate(rates):
         n = max_requests if math.isinf(rate) else int(min(max_requests, max(min_requests, rate * seconds_per_rate)))
         requests = noodle_requests(n, output_len=output_len, seed=seed)
         config = BenchConfig(base_url=server.url, model=model_name(server), request_rate=rate, ignore_eos=True,
-                             slo=dict(slo or {}), seed=seed)
+                             slo=dict(slo or {}), seed=seed + index)
         result = run_benchmark(config, requests, progress=False)
         results.append(result)
         rows.append(_row({"offered req/s": rate, "requests": n}, result))

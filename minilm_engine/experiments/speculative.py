@@ -155,11 +155,11 @@ def tokens_per_forward_table(runs: list[SpecRun]) -> list[dict]:
 
 
 @torch.inference_mode()
-def time_verify_forward(
+def time_verify_forward_repeats(
     model, num_new_tokens: list[int], batch_size: int = 1, context_len: int = 128,
     num_repeats: int = 10, seed: int = 0,
-) -> dict[int, float]:
-    """Median seconds of one target forward over T new tokens per request, after a cached
+) -> dict[int, list[float]]:
+    """Seconds of every repeat of one target forward over T new tokens per request, after a cached
     prefix of `context_len`, for each T in `num_new_tokens` (T = K + 1 is a verification of K
     drafts; T = 1 a plain decode step).  Each timing starts from the same cached prefix (the
     cache is rewound), so every T sees the same context.  A contiguous cache keeps the
@@ -172,12 +172,17 @@ def time_verify_forward(
     prompt = torch.randint(vocab, (batch_size, context_len), generator=gen).to(device)  # (B, P)
     cache.begin_step(torch.ones(batch_size, context_len, dtype=torch.bool, device=device))
     model(prompt, torch.arange(context_len, device=device)[None].expand(batch_size, -1), cache)
-    medians = {}
+    inputs = {}
     for t in num_new_tokens:
         ids = torch.randint(vocab, (batch_size, t), generator=gen).to(device)  # (B, T)
         positions = torch.arange(context_len, context_len + t, device=device)[None].expand(batch_size, -1)
-        times = []
-        for _ in range(num_repeats + 1):  # the first is a warm-up
+        inputs[t] = ids, positions
+    times: dict[int, list[float]] = {t: [] for t in num_new_tokens}
+    # Repeats outermost: repeat i of every T runs close in time, so T's time over T = 1's, repeat
+    # by repeat, is a paired ratio that a burst of load on a shared machine hits on both sides.
+    for repeat in range(num_repeats + 1):  # the first round is a warm-up
+        for t in num_new_tokens:
+            ids, positions = inputs[t]
             cache.num_used_slots = context_len  # rewind: forget the previous timing's tokens
             _sync(device)
             start = time.perf_counter()
@@ -185,9 +190,23 @@ def time_verify_forward(
             hidden = model(ids, positions, cache)  # (B, T, hidden)
             model.compute_logits(hidden)  # the verifier needs every row's logits
             _sync(device)
-            times.append(time.perf_counter() - start)
-        medians[t] = statistics.median(times[1:])
-    return medians
+            if repeat:
+                times[t].append(time.perf_counter() - start)
+    return times
+
+
+@torch.inference_mode()
+def time_verify_forward(
+    model, num_new_tokens: list[int], batch_size: int = 1, context_len: int = 128,
+    num_repeats: int = 10, seed: int = 0,
+) -> dict[int, float]:
+    """Median seconds of one target forward over T new tokens per request, after a cached
+    prefix of `context_len`, for each T in `num_new_tokens` (T = K + 1 is a verification of K
+    drafts; T = 1 a plain decode step).  Each timing starts from the same cached prefix (the
+    cache is rewound), so every T sees the same context.  A contiguous cache keeps the
+    measurement about the model, not the engine's bookkeeping."""
+    return {t: statistics.median(ts) for t, ts in time_verify_forward_repeats(
+        model, num_new_tokens, batch_size, context_len, num_repeats, seed).items()}
 
 
 # -- figures (plotly is imported only here) ------------------------------------------------------

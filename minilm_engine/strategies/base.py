@@ -17,7 +17,7 @@ from ..engine.config import EngineConfig
 from ..inputs import InputProcessor
 from ..models import CausalLM
 from ..request import Request, RequestStatus
-from ..sampler import sample
+from ..sampler import sample_requests
 
 
 class Strategy(ABC):
@@ -40,12 +40,13 @@ class Strategy(ABC):
             pass
 
     def sample_and_append(self, requests: list[Request], logits: torch.Tensor) -> None:
-        """logits: (len(requests), V), one row per request -> one new token each."""
-        tokens = sample(
-            logits, [r.sampling_params for r in requests], [r.generator for r in requests]
-        ).tolist()
-        for request, token in zip(requests, tokens):
+        """logits: (len(requests), V), one row per request -> one new token each (penalties,
+        logit bias, min-tokens and logprobs as in the engine: `sampler.sample_requests`)."""
+        sampled = sample_requests(logits, requests)
+        for request, token, logprobs in zip(requests, sampled.token_ids.tolist(), sampled.logprobs):
             request.append_decoded_token(token, self.tokenizer)
+            if logprobs is not None:
+                request.append_logprobs(logprobs, self.tokenizer)
 
     @staticmethod
     def mark_running(requests: list[Request]) -> None:

@@ -21,11 +21,13 @@ A median on the right side is never enough: on a shared, noisy machine the inter
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 HOLDS = "holds here"
 FAILS = "does not hold here"
@@ -82,6 +84,22 @@ class Measurement:
         ratios = [n / d for n, d in zip(numerators, denominators, strict=True)]
         m = cls.from_samples(ratios, unit, label, confidence)
         return cls(m.value, m.low, m.high, unit, label, f"paired ratios, {m.method}", m.num_samples)
+
+    @classmethod
+    def bootstrap(cls, items: Sequence, statistic, unit: str = "", label: str = "",
+                  confidence: float = 0.95, num_resamples: int = 1000) -> Measurement:
+        """statistic(items) with the percentile-bootstrap interval over resamples of `items`
+        (documents, requests, windows): the spread a different sample of them would give."""
+        items = list(items)
+        if len(items) < 2:
+            raise ValueError("bootstrap needs at least two items")
+        value = float(statistic(items))
+        rng = random.Random(_BOOTSTRAP_SEED)
+        stats = sorted(float(statistic(rng.choices(items, k=len(items)))) for _ in range(num_resamples))
+        tail = (1 - confidence) / 2
+        low, high = stats[int(tail * (num_resamples - 1))], stats[math.ceil((1 - tail) * (num_resamples - 1))]
+        return cls(value, min(low, value), max(high, value), unit, label,
+                   f"{confidence:.0%} bootstrap over {len(items)} items", len(items))
 
     @classmethod
     def proportion(cls, successes: int, trials: int, label: str = "", confidence: float = 0.95) -> Measurement:
@@ -159,7 +177,7 @@ class Claim:
             return Verdict(self, m, FAILS, f"even the bottom of the interval, {_fmt(m.low, u)}, is above {_fmt(self.high, u)}")
         edge = self.low if self.low is not None and m.low < self.low <= m.high else self.high
         return Verdict(self, m, UNRESOLVED, f"the interval [{_fmt(m.low, u)}, {_fmt(m.high, u)}] contains "
-                                            f"the threshold {_fmt(edge, u)}: more repeats, or a quieter machine")
+                                            f"the threshold {_fmt(edge, u)}: more samples (repeats, documents) or a quieter machine")
 
 
 def judge(text: str, m: Measurement, low: float | None = None, high: float | None = None, source: str = "") -> Verdict:
@@ -179,9 +197,42 @@ def _fmt(x: float | None, unit: str) -> str:
     if x is None:
         return "-"
     if unit == "%":
-        return f"{x:.1f}%"
+        return f"{x:.1f}%" if abs(x) >= 1 else f"{x:.2g}%"  # 0.047%, not 0.0%
     if unit == "":
         return f"{x:.3g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
     if unit == "x":
         return f"{x:.2f}x"
     return f"{x:.3g} {unit}"
+
+
+# -- the seed claims, judged in one place ---------------------------------------------------------
+
+CLAIMS_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "claims"
+
+
+def record(verdict: Verdict, chapter: str, write: bool = True, folder: Path | None = None) -> dict:
+    """Keep a chapter's verdict on a seed claim in `notebooks/claims/<chapter>.json` (one entry
+    per claim text, so a rerun replaces it), for the course's table of seed claims.  A smoke run
+    passes `write=False`: its small sizes must not overwrite the full run's numbers."""
+    m = verdict.measurement
+    entry = {"chapter": chapter, "claim": verdict.claim.text, "source": verdict.claim.source,
+             "asserted": verdict.claim.range_text(m.unit), "measured": _fmt(m.value, m.unit),
+             "interval": f"[{_fmt(m.low, m.unit)}, {_fmt(m.high, m.unit)}]", "method": m.method,
+             "verdict": verdict.status, "reason": verdict.reason}
+    folder = CLAIMS_DIR if folder is None else folder
+    if write and folder.parent.is_dir():  # an installed package has no notebooks/ beside it: keep nothing
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{chapter}.json"
+        entries = json.loads(path.read_text()) if path.exists() else {}
+        entries[verdict.claim.text] = entry
+        path.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
+    return entry
+
+
+def seed_claims_table(folder: Path | None = None) -> list[dict]:
+    """Every recorded verdict, chapter by chapter (the rows of the course's seed-claims table)."""
+    folder = CLAIMS_DIR if folder is None else folder
+    rows = []
+    for path in sorted(folder.glob("*.json")):
+        rows += json.loads(path.read_text()).values()
+    return rows

@@ -37,7 +37,12 @@ DRILLS_DIR = Path(__file__).parent / "drills"
 KINDS = ("concept", "numeric", "what-if", "debug")
 GiB = 1 << 30
 
-# Datasheet rates the numeric questions assume (bf16 dense, HBM bandwidth).
+# Datasheet rates the numeric questions assume (bf16/fp16 dense tensor FLOP/s, memory bandwidth),
+# quoted, not measured here:
+#   H100 SXM5: 989 TFLOP/s, 3.35 TB/s  https://glennklockwood.com/garden/processors/h100 (NVIDIA, 2022)
+#   A100 80GB: 312 TFLOP/s, 2.0 TB/s   https://glennklockwood.com/garden/processors/A100 (NVIDIA, 2020)
+#   L4: 242 sparse = 121 dense, 300 GB/s  https://grokipedia.com/page/NVIDIA_L4_vs_L40S (NVIDIA, 2023)
+#   T4: 65 TFLOP/s fp16, 320 GB/s       https://sysrqmts.com/gpus/compare/nvidia-a100-sxm4-40-gb-vs-nvidia-tesla-t4 (2018)
 GPUS = {
     "H100": {"flops": 989e12, "bandwidth": 3.35e12, "memory_gib": 80},
     "A100": {"flops": 312e12, "bandwidth": 2.0e12, "memory_gib": 80},
@@ -66,6 +71,24 @@ def _step_time_ms(model: str, gpu: str, batch: int, context: int, bytes_per_elem
     return 1e3 * _cost_model(model, gpu, bytes_per_element).floor_s(batch, context)
 
 
+def _context_per_request(model: str, memory_gb: float, concurrency: int, utilization: float, block_size: int) -> int:
+    """Chapter 10's context limit: the KV pool left after the weights (bf16), in whole blocks,
+    shared by `concurrency` requests, capped by the architecture (kv_cache.sizing's rule)."""
+    from ..kv_cache.sizing import max_context_len
+
+    config = known_config(model)
+    per_block = block_size * _kv_bytes(model)
+    num_blocks = int((utilization * memory_gb * 1e9 - _weight_bytes(model)) // per_block)
+    return max_context_len(num_blocks, block_size, concurrency, config.max_position_embeddings)
+
+
+def _attention_crossover(model: str, causal: bool) -> float:
+    """Chapter 04's T*: the prompt length where attention's FLOPs equal the linear layers'."""
+    from ..experiments.prefill import attention_crossover_tokens
+
+    return attention_crossover_tokens(known_config(model), causal)
+
+
 FORMULAS: dict[str, Callable[..., float]] = {
     "kv_kib_per_token": lambda model, bytes_per_element=2: _kv_bytes(model, bytes_per_element) / 1024,
     "kv_gib": lambda model, tokens, bytes_per_element=2: tokens * _kv_bytes(model, bytes_per_element) / GiB,
@@ -87,13 +110,30 @@ FORMULAS: dict[str, Callable[..., float]] = {
         GPUS[gpu]["flops"] / GPUS[gpu]["bandwidth"] * bytes_per_element / 2
     ),
     "prefill_tflops": lambda model, tokens: 2 * known_config(model).num_parameters() * tokens / 1e12,
-    "quadratic_crossover_tokens": lambda model: (
-        known_config(model).num_parameters()
-        / (2 * known_config(model).num_hidden_layers * known_config(model).num_attention_heads * known_config(model).head_dim)
+    "quadratic_crossover_tokens": lambda model, causal=True: _attention_crossover(model, causal),
+    "matvec_flops_per_byte": lambda bytes_per_element=2: 2 / bytes_per_element,
+    "tokens_per_round": lambda alpha, k: (1 - alpha ** (k + 1)) / (1 - alpha),
+    "spec_speedup": lambda alpha, k, draft_cost, verify_cost=1.0: (
+        (1 - alpha ** (k + 1)) / (1 - alpha) / (k * draft_cost + verify_cost)
+    ),
+    "concurrency": lambda rate_per_s, latency_s: rate_per_s * latency_s,
+    "cost_per_million_busy": lambda price_per_hour, tokens_per_second, utilization: (
+        price_per_hour / utilization / (tokens_per_second * 3600) * 1e6
     ),
     "gqa_ratio": lambda model: known_config(model).num_attention_heads / known_config(model).num_key_value_heads,
     "blocks": lambda tokens, block_size: math.ceil(tokens / block_size),
     "cost_per_million": lambda price_per_hour, tokens_per_second: price_per_hour / (tokens_per_second * 3600) * 1e6,
+    # chapter 10
+    "context_per_request": lambda model, memory_gb, concurrency, utilization=0.9, block_size=16: (
+        _context_per_request(model, memory_gb, concurrency, utilization, block_size)
+    ),
+    "retry_after_s": lambda limit_per_minute, level, amount: (amount - level) / (limit_per_minute / 60),
+    "batch_discount_pct": lambda interactive_tokens_per_s, with_backlog_tokens_per_s: (
+        100 * (1 - interactive_tokens_per_s / with_backlog_tokens_per_s)
+    ),
+    "kv_transfer_ms": lambda model, tokens, link_gb_per_s, bytes_per_element=2: (
+        1e3 * tokens * _kv_bytes(model, bytes_per_element) / (link_gb_per_s * 1e9)
+    ),
 }
 
 

@@ -7,6 +7,7 @@ and, on shutdown, aborts whatever is still running (every KV block freed).  Rout
     POST /v1/chat/completions   messages -> text  (the chat template, see chat_template.py)
     GET  /v1/models             the served model name(s), with root and max_model_len
     POST /tokenize, /detokenize text or messages <-> token ids (vLLM's routes)
+    GET  /tokenizer_info        the tokenizer's configuration and chat template (vLLM's)
     GET  /version               this package's version
     GET  /health                200 while the engine thread is alive, 503 otherwise
     GET  /metrics               Prometheus text format (metrics.py)
@@ -49,7 +50,7 @@ from ...llm import LLM
 from .. import DEFAULT_HOST
 from ..async_engine import AsyncLLMEngine
 from ..rate_limit import RateLimiter, RateLimitExceeded, Reservation
-from ..chat_template import chat_format_for
+from ...chat_template import chat_format_for
 from ..metrics import ServerMetrics
 from ... import __version__
 from .protocol import (
@@ -61,7 +62,7 @@ from .protocol import (
     TokenizeRequest,
 )
 from .serving import APIError, OpenAIServing, Prepared, parse_body, sse
-from .serving_tokenization import detokenize, tokenize
+from .serving_tokenization import detokenize, tokenize, tokenizer_info
 
 
 def model_root(llm: LLM) -> str:
@@ -147,6 +148,12 @@ def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: st
     @app.post("/detokenize")
     async def detokenize_route(raw: Request):
         return detokenize(serving, await _parse(raw, DetokenizeRequest))
+
+    # vLLM serves this only with --enable-tokenizer-info-endpoint; here it holds nothing that
+    # /tokenize and the checkpoint's own tokenizer_config.json do not already show.
+    @app.get("/tokenizer_info")
+    async def tokenizer_info_route():
+        return tokenizer_info(serving)
 
     @app.post("/v1/completions")
     async def completions(raw: Request):

@@ -4,9 +4,10 @@ Contract, as vLLM parses its requests: a request model that validates carries on
 engine can take.  Types are strict ("0.5" is not a temperature, `true` is not a max_tokens), and
 `null` means "the default" for every field, nested ones too.  Three kinds of fields:
 
-    implemented      temperature, top_p, top_k, seed, stop, max_tokens, ...   -> SamplingParams
-    known, not       tools, response_format, logit_bias, presence_penalty,   -> accepted only at
-    implemented      min_p, best_of, logprobs, echo, ... (`NOT_IMPLEMENTED`)     a value that leaves
+    implemented      temperature, top_p, top_k, seed, stop, max_tokens, n,    -> SamplingParams
+                     penalties, min_p, min_tokens, logit_bias, logprobs, echo, ...
+    known, not       tools, response_format, best_of, bad_words,             -> accepted only at
+    implemented      guided_*, suffix, ... (`NOT_IMPLEMENTED`)                  a value that leaves
                                                                                   the output as it
                                                                                   is; else a 400
                                                                                   naming the field
@@ -111,17 +112,9 @@ def _empty(value: Any) -> bool:
 
 # Sampling extensions (OpenAI's and vLLM's) the engine has no code for.
 SAMPLING_NOT_IMPLEMENTED = (
-    NotImplementedField("presence_penalty", _is(0), "0"),
-    NotImplementedField("frequency_penalty", _is(0), "0"),
-    NotImplementedField("repetition_penalty", _is(1), "1"),
-    NotImplementedField("logit_bias", _empty, "{}"),
-    NotImplementedField("min_p", _is(0), "0"),
-    NotImplementedField("min_tokens", _is(0), "0"),
     NotImplementedField("best_of", _is(1), "1"),
     NotImplementedField("use_beam_search", _is(False), "false"),
     NotImplementedField("length_penalty", _is(1), "1"),
-    NotImplementedField("prompt_logprobs", lambda v: False, "null"),
-    NotImplementedField("include_stop_str_in_output", _is(False), "false"),
     NotImplementedField("skip_special_tokens", _is(True), "true"),
     NotImplementedField("bad_words", _empty, "[]"),
     NotImplementedField("allowed_token_ids", lambda v: False, "null"),
@@ -135,11 +128,9 @@ SAMPLING_NOT_IMPLEMENTED = (
                         '{"type": "text"}'),
 )
 COMPLETION_NOT_IMPLEMENTED = (
-    NotImplementedField("echo", _is(False), "false"),
     NotImplementedField("suffix", _empty, '""'),
 )
 CHAT_NOT_IMPLEMENTED = (
-    NotImplementedField("top_logprobs", _is(0), "0"),
     NotImplementedField("echo", _is(False), "false"),
     NotImplementedField("add_generation_prompt", _is(True), "true"),
     NotImplementedField("continue_final_message", _is(False), "false"),
@@ -165,23 +156,22 @@ class _SamplingFields(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logprobs: bool | int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float | None = None  # None: the checkpoint's generation_config, else 1
+    min_p: float | None = None
+    min_tokens: int = 0
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a string) -> bias
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
     # Service tiers: vLLM's `priority` (lower first; needs --scheduling-policy priority unless 0)
     # and OpenAI's `service_tier` ("auto", "default", "flex"); serving.py maps them to a priority.
     priority: int | None = None
     service_tier: str | None = None
     # Known, not implemented: see SAMPLING_NOT_IMPLEMENTED (any type: the check says what is allowed).
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    repetition_penalty: Any = None
-    logit_bias: Any = None
-    min_p: Any = None
-    min_tokens: Any = None
     best_of: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
-    prompt_logprobs: Any = None
-    include_stop_str_in_output: Any = None
     skip_special_tokens: Any = None
     bad_words: Any = None
     allowed_token_ids: Any = None
@@ -198,10 +188,6 @@ class _SamplingFields(_Lenient):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a value the engine cannot honour, or None."""
-        if self.n != 1:
-            return "n", f"n must be 1 (one completion per prompt), got {self.n}"
-        if self.logprobs not in (None, False, 0):
-            return "logprobs", f"logprobs are not supported by this server (only false, 0 or null), got {self.logprobs!r}"
         for field in (*SAMPLING_NOT_IMPLEMENTED, *self.not_implemented):
             message = field.problem(getattr(self, field.name))
             if message is not None:
@@ -210,18 +196,45 @@ class _SamplingFields(_Lenient):
             return "stream_options", "stream_options is only allowed with stream: true"
         return None
 
-    def to_sampling_params(self, max_tokens: int | None, extra_stop: tuple[str, ...] = ()) -> SamplingParams:
+    def to_sampling_params(
+        self, max_tokens: int | None, extra_stop: tuple[str, ...] = (), defaults: dict[str, Any] | None = None
+    ) -> SamplingParams:
+        """`defaults`: the checkpoint's generation_config values, for fields the request left
+        unset (vLLM's default_sampling_params); then vLLM's own defaults."""
+        defaults = defaults or {}
+
+        def pick(name: str, fallback: Any) -> Any:
+            value = getattr(self, name)
+            return value if value is not None else defaults.get(name, fallback)
+
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=0 if self.top_k is None else self.top_k,
+            temperature=pick("temperature", 1.0),
+            top_p=pick("top_p", 1.0),
+            top_k=pick("top_k", 0),
+            min_p=pick("min_p", 0.0),
+            repetition_penalty=pick("repetition_penalty", 1.0),
             max_tokens=max_tokens,
             seed=self.seed,
             stop=stop + [s for s in extra_stop if s not in stop] or None,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
+            n=self.n,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            min_tokens=self.min_tokens,
+            logit_bias=_token_id_keys(self.logit_bias),
+            logprobs=self.sample_logprobs(),
+            prompt_logprobs=self.prompt_logprobs_wanted(),
+            include_stop_str_in_output=self.include_stop_str_in_output,
         )
+
+    def sample_logprobs(self) -> int | None:
+        """How many top logprobs per sampled token (None: none asked)."""
+        return None
+
+    def prompt_logprobs_wanted(self) -> int | None:
+        return self.prompt_logprobs
 
     @property
     def include_usage(self) -> bool:
@@ -233,14 +246,34 @@ class _SamplingFields(_Lenient):
         return self.include_usage and self.stream_options.continuous_usage_stats
 
 
+def _token_id_keys(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias has token ids as strings ("50256": -100) -> SamplingParams' ints."""
+    if not logit_bias:
+        return None
+    bad = [key for key in logit_bias if not key.strip().isdigit()]
+    if bad:
+        raise ValueError(f"logit_bias keys must be token ids (strings of digits), got {bad[:5]}")
+    return {int(key): bias for key, bias in logit_bias.items()}
+
+
 class CompletionRequest(_SamplingFields):
     # One prompt or several: text, token ids, a list of texts, a list of token-id lists.
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int = 16
-    echo: Any = None
+    logprobs: int | None = None  # top logprobs per token (the sampled one always included)
+    echo: bool = False  # the prompt before the completion (with its logprobs, if asked)
     suffix: Any = None
 
     not_implemented = COMPLETION_NOT_IMPLEMENTED
+
+    def sample_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def prompt_logprobs_wanted(self) -> int | None:
+        # echo with logprobs reports the prompt's too (vLLM: prompt_logprobs = logprobs).
+        if self.prompt_logprobs is None and self.echo and self.logprobs is not None:
+            return self.logprobs
+        return self.prompt_logprobs
 
     def unsupported(self) -> tuple[str, str] | None:
         if isinstance(self.prompt, list) and not self.prompt:
@@ -317,7 +350,8 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Any = None
     functions: Any = None  # OpenAI's older spelling of tools
     function_call: Any = None
-    top_logprobs: Any = None
+    logprobs: bool = False  # the sampled tokens' logprobs (OpenAI's chat shape)
+    top_logprobs: int | None = None  # and the most likely ones at each position (needs logprobs)
     echo: Any = None
     add_generation_prompt: Any = None
     continue_final_message: Any = None
@@ -330,11 +364,18 @@ class ChatCompletionRequest(_SamplingFields):
         if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
             return "max_tokens", (f"max_tokens ({self.max_tokens}) and max_completion_tokens "
                                   f"({self.max_completion_tokens}) differ: give one, or both equal")
+        if self.top_logprobs is not None and self.top_logprobs > 0 and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs: true"
+        if self.top_logprobs is not None and self.top_logprobs < 0:
+            return "top_logprobs", f"top_logprobs must be >= 0, got {self.top_logprobs}"
         for tools, choice in (("tools", "tool_choice"), ("functions", "function_call")):
             problem = _no_tools(getattr(self, tools), getattr(self, choice), tools, choice)
             if problem is not None:
                 return problem
         return super().unsupported()
+
+    def sample_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -374,11 +415,23 @@ class Usage(BaseModel):
         )
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's completions logprobs: per token its text, logprob (None for a prompt's first
+    token), the top ones {text: logprob}, and where its text starts in the choice's text."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # vLLM's: the stop string or token id, None for EOS
+    prompt_logprobs: list[dict[int, dict] | None] | None = None  # vLLM's extension
 
 
 class CompletionResponse(BaseModel):
@@ -395,11 +448,26 @@ class ChatResponseMessage(BaseModel):
     content: str
 
 
+class ChatTopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatResponseMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -419,7 +487,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 from ...llm import LLM
 from ..async_engine import AsyncLLMEngine
-from ..chat_template import chat_format_for
+from ...chat_template import chat_format_for
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .serving import APIError, OpenAIServing, parse_body
 

@@ -1,15 +1,18 @@
 """Completions and chat completions: validated request -> engine requests -> JSON or SSE chunks.
 
 Contract: `OpenAIServing.prepare_*` turn a parsed request into a `Prepared` (one engine
-`Request` per prompt: a chat has one, a completion as many as its `prompt` lists) or raise
+`Request` per prompt and sample: a chat has n, a completion n per prompt of its list) or raise
 `APIError` (status, message, param, code) before anything reaches the engine; `submit` adds them
 all or none; `stream_*` yield the server-sent-event lines of a streamed answer ("data: {...}\\n\\n",
 then "data: [DONE]\\n\\n"); `*_response` wait for the whole answer.  Neither knows about HTTP
 connections: the routes in `api_server.py` abort the requests when their client goes away.
 
-Choices are indexed as OpenAI indexes them: prompt i's choice has `index` i (one choice per
-prompt, n is 1).  A streamed chat sends the assistant's role in the chunk of its first token,
-not before the prompt is processed, so a client's time to first token is the engine's.
+Choices are indexed as OpenAI indexes them: with P prompts and n samples each, prompt i's
+sample j is choice i * n + j (the engine requests are made in that order).  A streamed chat
+sends the assistant's role in the chunk of each choice's first token, not before the prompt is
+processed, so a client's time to first token is the engine's.  Logprobs go out in OpenAI's two
+shapes (`logprobs_format.py`); `echo` puts the prompt (and, with logprobs, its logprobs) before
+a completion's text.  Usage counts each prompt once, however many samples it has (vLLM's).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from ...outputs import PositionLogprobs
 from ...request import Request
 from ..async_engine import AsyncLLMEngine, RequestStream, StreamDelta
-from ..chat_template import ChatFormat, render_chat
+from ...chat_template import ChatFormat, render_chat
 from .protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -40,6 +44,7 @@ from .protocol import (
     _SamplingFields,
     warn_ignored,
 )
+from .logprobs_format import chat_logprobs, completion_logprobs
 
 
 # OpenAI's service tiers -> the engine's priority (lower first).  "flex" is the batch tier:
@@ -63,17 +68,47 @@ class APIError(Exception):
 
 @dataclass
 class Prepared:
-    """One HTTP request, ready for the engine: its engine requests, one per prompt (choice)."""
+    """One HTTP request, ready for the engine: its engine requests, one per choice (prompt i's
+    sample j at position i * n + j)."""
 
     response_id: str
     requests: list[Request]
     model: str
     include_usage: bool  # a last chunk with the usage of the whole answer
     continuous_usage: bool  # usage on every chunk too (vLLM's continuous_usage_stats)
+    echo: bool = False  # completions: each choice's text starts with its prompt
+    tokenizer: object = None  # for the tokens' text in logprobs
 
     @property
     def request_ids(self) -> list[str]:
         return [r.request_id for r in self.requests]
+
+    def num_prompt_tokens(self) -> int:
+        """Each prompt once, not once per sample."""
+        return sum(r.num_prompt_tokens for r in self.requests if r.index == 0)
+
+    def usage(self, num_output_tokens: int) -> Usage:
+        return Usage.of(self.num_prompt_tokens(), num_output_tokens)
+
+    def prompt_text(self, request: Request) -> str:
+        return request.prompt if request.prompt is not None else self.tokenizer.decode(request.prompt_token_ids)
+
+    @staticmethod
+    def prompt_logprobs(request: Request) -> list[PositionLogprobs | None] | None:
+        """A prompt's logprobs: sample 0 computes them for all n samples of its prompt."""
+        return (request.prefix_source or request).prompt_logprobs
+
+
+@dataclass
+class Answer:
+    """One choice, collected to its end."""
+
+    text: str
+    finish_reason: str | None
+    stop_reason: int | str | None
+    num_output_tokens: int
+    token_ids: list[int]
+    logprobs: list[PositionLogprobs] | None
 
 
 def parse_body(payload: Any, model: type[BaseModel]):
@@ -143,18 +178,23 @@ class OpenAIServing:
         return SERVICE_TIER_PRIORITY[tier or "auto"]
 
     def _make(self, request_id: str, prompt, body: _SamplingFields, max_tokens: int | None,
-              extra_stop: tuple[str, ...] = ()) -> Request:
+              extra_stop: tuple[str, ...] = ()) -> list[Request]:
+        """The n engine requests of one prompt (samples 0..n-1), or a 400 naming the field."""
         try:
-            params = body.to_sampling_params(max_tokens, extra_stop)
+            params = body.to_sampling_params(max_tokens, extra_stop, self.engine.llm.generation_config)
         except (ValueError, TypeError) as e:
-            raise APIError(400, str(e), _param_named_in(str(e)), "invalid_value") from None
+            raise APIError(400, str(e), _param_named_in(str(e), body), "invalid_value") from None
         priority = self.priority_of(body)
         try:
-            request = self.engine.make_request(request_id, prompt, params, priority)
+            requests = self.engine.make_requests(request_id, prompt, params, priority)
         except (ValueError, TypeError) as e:
             message = str(e)
+            param = _param_named_in(message, body)
+            if param is None:
+                param = "prompt" if isinstance(body, CompletionRequest) else "messages"
             code = "context_length_exceeded" if "context" in message else "invalid_value"
-            raise APIError(400, message, "prompt" if isinstance(body, CompletionRequest) else "messages", code) from None
+            raise APIError(400, message, param, code) from None
+        request = requests[0]
         if max_tokens is not None and request.num_prompt_tokens + max_tokens > self.max_model_len:
             raise APIError(
                 400,
@@ -164,7 +204,7 @@ class OpenAIServing:
                 f"Reduce the prompt or max_tokens.",
                 "max_tokens", "context_length_exceeded",
             )
-        return request
+        return requests
 
     def prepare_completion(self, body: CompletionRequest) -> Prepared:
         self._check_common(body)
@@ -172,15 +212,21 @@ class OpenAIServing:
         prompts = body.engine_prompts()
         # One engine request per prompt, all made (and so all checked) before any is submitted.
         ids = [response_id] if len(prompts) == 1 else [f"{response_id}-{i}" for i in range(len(prompts))]
-        requests = [self._make(rid, prompt, body, body.max_tokens) for rid, prompt in zip(ids, prompts)]
-        return Prepared(response_id, requests, body.model, body.include_usage, body.continuous_usage)
+        requests = [r for rid, prompt in zip(ids, prompts) for r in self._make(rid, prompt, body, body.max_tokens)]
+        return Prepared(response_id, requests, body.model, body.include_usage, body.continuous_usage,
+                        echo=body.echo, tokenizer=self.engine.llm.tokenizer)
 
     def prepare_chat(self, body: ChatCompletionRequest) -> Prepared:
         self._check_common(body)
         prompt = self.render(body.messages, body.chat_template_kwargs)
         response_id = self.engine.new_request_id("chatcmpl")
-        request = self._make(response_id, prompt, body, body.max_new_tokens, self.chat_format.default_stop)
-        return Prepared(response_id, [request], body.model, body.include_usage, body.continuous_usage)
+        # The template's stop strings end the assistant's turn, as an end-of-turn token does in
+        # a chat model's generation_config; vLLM's ignore_eos ignores those too (guidellm and
+        # `bench serve` ask for exactly max_tokens with ignore_eos and no stop).
+        turn_end = () if body.ignore_eos else self.chat_format.default_stop
+        requests = self._make(response_id, prompt, body, body.max_new_tokens, turn_end)
+        return Prepared(response_id, requests, body.model, body.include_usage, body.continuous_usage,
+                        tokenizer=self.engine.llm.tokenizer)
 
     def render(self, messages, template_kwargs: dict | None = None) -> str:
         """Chat messages -> the prompt text (the chat template), or a 400 saying why not."""
@@ -213,72 +259,133 @@ class OpenAIServing:
     # -- answering --------------------------------------------------------------------------
 
     @staticmethod
-    async def collect(stream: RequestStream) -> tuple[str, str | None, int, int]:
-        """(text, finish_reason, prompt tokens, output tokens) once the request ends."""
-        pieces, last = [], None
+    async def collect(stream: RequestStream) -> Answer:
+        """A choice's text, tokens and logprobs once its request ends."""
+        pieces, token_ids, logprobs, last = [], [], [], None
         async for delta in stream:
             pieces.append(delta.text)
+            token_ids += delta.token_ids
+            if delta.logprobs is not None:
+                logprobs += delta.logprobs
             last = delta
-        return "".join(pieces), last.finish_reason, last.num_prompt_tokens, last.num_output_tokens
+        return Answer("".join(pieces), last.finish_reason, last.stop_reason, last.num_output_tokens, token_ids,
+                      logprobs if last.logprobs is not None else None)
 
     async def completion_response(self, prepared: Prepared, streams: list[RequestStream]) -> dict:
         answers = await asyncio.gather(*(self.collect(s) for s in streams))
+        choices = [self._completion_choice(prepared, i, request, answer)
+                   for i, (request, answer) in enumerate(zip(prepared.requests, answers))]
         return CompletionResponse(
-            id=prepared.response_id, model=prepared.model,
-            choices=[CompletionChoice(index=i, text=text, finish_reason=reason)
-                     for i, (text, reason, _, _) in enumerate(answers)],
-            usage=Usage.of(sum(a[2] for a in answers), sum(a[3] for a in answers)),
+            id=prepared.response_id, model=prepared.model, choices=choices,
+            usage=prepared.usage(sum(a.num_output_tokens for a in answers)),
         ).model_dump()
 
+    def _completion_choice(self, prepared: Prepared, index: int, request: Request, answer: Answer) -> CompletionChoice:
+        text, token_ids, logprobs = answer.text, answer.token_ids, answer.logprobs
+        if prepared.echo:
+            text = prepared.prompt_text(request) + text
+            if logprobs is not None:
+                # the prompt's positions first (its first token has no logprob)
+                token_ids = list(request.prompt_token_ids) + token_ids
+                logprobs = list(prepared.prompt_logprobs(request)) + logprobs
+        return CompletionChoice(
+            index=index, text=text, finish_reason=answer.finish_reason, stop_reason=answer.stop_reason,
+            logprobs=None if logprobs is None else completion_logprobs(token_ids, logprobs, prepared.tokenizer),
+            prompt_logprobs=_prompt_logprobs_json(prepared.prompt_logprobs(request)),
+        )
+
     async def chat_response(self, prepared: Prepared, streams: list[RequestStream]) -> dict:
-        (stream,) = streams
-        text, reason, num_prompt, num_output = await self.collect(stream)
+        answers = await asyncio.gather(*(self.collect(s) for s in streams))
+        choices = [
+            ChatChoice(
+                index=i, message=ChatResponseMessage(content=a.text), finish_reason=a.finish_reason,
+                stop_reason=a.stop_reason,
+                logprobs=None if a.logprobs is None else chat_logprobs(
+                    a.token_ids, a.logprobs, r.sampling_params.logprobs, prepared.tokenizer),
+            )
+            for i, (r, a) in enumerate(zip(prepared.requests, answers))
+        ]
         return ChatCompletionResponse(
-            id=prepared.response_id, model=prepared.model,
-            choices=[ChatChoice(message=ChatResponseMessage(content=text), finish_reason=reason)],
-            usage=Usage.of(num_prompt, num_output),
+            id=prepared.response_id, model=prepared.model, choices=choices,
+            usage=prepared.usage(sum(a.num_output_tokens for a in answers)),
         ).model_dump()
 
     async def stream_completion(self, prepared: Prepared, streams: list[RequestStream]) -> AsyncIterator[str]:
         last: dict[int, StreamDelta] = {}
+        pending: dict[int, tuple[list[int], list]] = {}  # tokens whose text is held back, per choice
+        offsets: dict[int, int] = {}  # text_offset of the next token, per choice
         async for index, delta in merge_streams(streams):
+            request = prepared.requests[index]
+            first = index not in last
             last[index] = delta
-            if not delta.text and not delta.finished:
+            ids, lps = pending.setdefault(index, ([], []))
+            ids += delta.token_ids
+            if delta.logprobs is not None:
+                lps += delta.logprobs
+            text = delta.text
+            if first and prepared.echo:
+                text = prepared.prompt_text(request) + text
+                if request.logprobs is not None:
+                    ids[:0], lps[:0] = list(request.prompt_token_ids), list(prepared.prompt_logprobs(request))
+            if not text and not delta.finished:
                 continue  # text held back (a possible stop string): nothing to show yet
+            logprobs = None
+            if request.logprobs is not None:
+                logprobs = completion_logprobs(ids, lps, prepared.tokenizer, offsets.get(index, 0))
+                offsets[index] = (logprobs.text_offset[-1] + len(logprobs.tokens[-1])) if ids else offsets.get(index, 0)
+            pending[index] = ([], [])
             chunk = CompletionResponse(
                 id=prepared.response_id, model=prepared.model,
-                choices=[CompletionChoice(index=index, text=delta.text, finish_reason=delta.finish_reason)],
-                usage=_usage_of([delta]) if prepared.continuous_usage else None,
+                choices=[CompletionChoice(index=index, text=text, finish_reason=delta.finish_reason,
+                                          stop_reason=delta.stop_reason if delta.finished else None,
+                                          logprobs=logprobs)],
+                usage=self._usage_so_far(prepared, last) if prepared.continuous_usage else None,
             )
             yield sse(chunk.model_dump(exclude=None if prepared.continuous_usage else {"usage"}))
         if prepared.include_usage and last:
-            yield _usage_event(CompletionResponse, prepared, list(last.values()))
+            yield _usage_event(CompletionResponse, prepared, last)
         yield sse("[DONE]")
 
     async def stream_chat(self, prepared: Prepared, streams: list[RequestStream]) -> AsyncIterator[str]:
-        (stream,) = streams
+        last: dict[int, StreamDelta] = {}
+        role_sent: set[int] = set()
+        pending: dict[int, tuple[list[int], list]] = {}
 
-        def chunk(delta: ChatDelta, now: StreamDelta, finish_reason: str | None = None) -> str:
+        def chunk(index: int, delta: ChatDelta, finish_reason: str | None = None, logprobs=None) -> str:
             body = ChatCompletionChunk(
                 id=prepared.response_id, model=prepared.model,
-                choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)],
-                usage=_usage_of([now]) if prepared.continuous_usage else None,
+                choices=[ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)],
+                usage=self._usage_so_far(prepared, last) if prepared.continuous_usage else None,
             )
             return sse(body.model_dump(exclude=None if prepared.continuous_usage else {"usage"}))
 
-        last, role_sent = None, False
-        async for delta in stream:
-            last = delta
+        async for index, delta in merge_streams(streams):
+            last[index] = delta
+            request = prepared.requests[index]
+            ids, lps = pending.setdefault(index, ([], []))
+            ids += delta.token_ids
+            if delta.logprobs is not None:
+                lps += delta.logprobs
             # The role rides on the first text (or on the end of an answer with none), so the
-            # first chunk a client sees comes after the prompt was processed.
-            if delta.text or (delta.finished and not role_sent):
-                yield chunk(ChatDelta(role=None if role_sent else "assistant", content=delta.text), delta)
-                role_sent = True
+            # first chunk a client sees comes after the prompt was processed.  Logprobs of
+            # tokens whose text was held back go out with the next text, or at the end.
+            if delta.text or (delta.finished and (index not in role_sent or (ids and request.logprobs is not None))):
+                logprobs = None
+                if request.logprobs is not None:
+                    logprobs = chat_logprobs(ids, lps, request.sampling_params.logprobs, prepared.tokenizer)
+                    pending[index] = ([], [])
+                role = None if index in role_sent else "assistant"
+                yield chunk(index, ChatDelta(role=role, content=delta.text), logprobs=logprobs)
+                role_sent.add(index)
             if delta.finished:
-                yield chunk(ChatDelta(), delta, delta.finish_reason)
-        if prepared.include_usage and last is not None:
-            yield _usage_event(ChatCompletionChunk, prepared, [last])
+                yield chunk(index, ChatDelta(), delta.finish_reason)
+        if prepared.include_usage and last:
+            yield _usage_event(ChatCompletionChunk, prepared, last)
         yield sse("[DONE]")
+
+    @staticmethod
+    def _usage_so_far(prepared: Prepared, last: dict[int, StreamDelta]) -> Usage:
+        return prepared.usage(sum(d.num_output_tokens for d in last.values()))
 
 
 async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, StreamDelta]]:
@@ -316,17 +423,29 @@ async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int
             task.cancel()
 
 
-def _usage_of(deltas: list[StreamDelta]) -> Usage:
-    return Usage.of(sum(d.num_prompt_tokens for d in deltas), sum(d.num_output_tokens for d in deltas))
-
-
-def _usage_event(chunk_class, prepared: Prepared, last: list[StreamDelta]) -> str:
+def _usage_event(chunk_class, prepared: Prepared, last: dict[int, StreamDelta]) -> str:
     """The last event of a stream asked with stream_options.include_usage: no choices, usage."""
-    return sse(chunk_class(id=prepared.response_id, model=prepared.model, choices=[],
-                           usage=_usage_of(last)).model_dump())
+    usage = prepared.usage(sum(d.num_output_tokens for d in last.values()))
+    return sse(chunk_class(id=prepared.response_id, model=prepared.model, choices=[], usage=usage).model_dump())
 
 
-def _param_named_in(message: str) -> str | None:
-    """The sampling field an error message starts with ("top_p must be ..." -> "top_p")."""
-    first = message.split(" ", 1)[0]
-    return first if first.isidentifier() else None
+def _prompt_logprobs_json(rows: list[PositionLogprobs | None] | None) -> list[dict | None] | None:
+    """vLLM's `prompt_logprobs` field: per prompt token {id: {logprob, rank, decoded_token}}."""
+    if rows is None:
+        return None
+    return [None if row is None else {
+        token_id: {"logprob": max(lp.logprob, -9999.0), "rank": lp.rank, "decoded_token": lp.decoded_token}
+        for token_id, lp in row.items()} for row in rows]
+
+
+def _param_named_in(message: str, body: _SamplingFields | None = None) -> str | None:
+    """The request field an error message starts with ("top_p must be ..." -> "top_p"); in a
+    chat request, the engine's "logprobs" limit is about top_logprobs."""
+    first = message.split(" ", 1)[0].split("[", 1)[0]
+    if not first.isidentifier():
+        return None
+    if isinstance(body, ChatCompletionRequest) and first == "logprobs":
+        return "top_logprobs"
+    if body is not None and first not in type(body).model_fields:
+        return None
+    return first

@@ -1,10 +1,14 @@
-"""vLLM's /tokenize and /detokenize: the server's own tokenizer, over HTTP.
+"""vLLM's /tokenize, /detokenize and /tokenizer_info: the server's own tokenizer, over HTTP.
 
 Contract: `tokenize(serving, body)` returns the ids the server would give the engine for that
 prompt (or for those chat messages, rendered with the same chat template as /v1/chat/completions),
 so `count` equals the `prompt_tokens` a completion of it reports; `detokenize` returns the text
 of a list of ids.  Both raise `APIError` for a model not served, a body with neither or both of
-prompt and messages, or ids outside the vocabulary.  Neither touches the engine.
+prompt and messages, or ids outside the vocabulary.  `tokenizer_info` returns the tokenizer's
+configuration as vLLM's /tokenizer_info does (its init arguments, special tokens as text, its
+class, the chat template this server renders with), which is what lm-evaluation-harness reads to
+tokenize through the server (`tokenizer_backend=remote`, chosen by itself when the route
+answers) instead of loading a tokenizer by the model's name.  None touches the engine.
 """
 
 from __future__ import annotations
@@ -39,3 +43,30 @@ def detokenize(serving: OpenAIServing, body: DetokenizeRequest) -> dict:
         raise APIError(400, f"tokens must be ints in [0, {vocab_size}), got {bad[:5]}", "tokens", "invalid_value")
     text = serving.engine.llm.tokenizer.decode(body.tokens, skip_special_tokens=False)
     return DetokenizeResponse(prompt=text).model_dump()
+
+
+# File locations on the server's disk are no configuration a client can use (vLLM drops them too).
+_FILE_FIELDS = ("vocab_file", "merges_file", "tokenizer_file")
+
+
+def tokenizer_info(serving: OpenAIServing) -> dict:
+    tokenizer = serving.engine.llm.tokenizer
+    config = {name: _plain(value) for name, value in (getattr(tokenizer, "init_kwargs", None) or {}).items()
+              if name not in _FILE_FIELDS}
+    config["tokenizer_class"] = type(tokenizer).__name__
+    if serving.chat_format is not None:
+        config["chat_template"] = serving.chat_format.template
+    return config
+
+
+def _plain(value):
+    """JSON of a tokenizer's init argument: an AddedToken as its text, containers element-wise."""
+    if hasattr(value, "content"):  # tokenizers.AddedToken
+        return value.content
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..models.loader import CHECKPOINTS_DIR
+from .models.loader import CHECKPOINTS_DIR
 
 GUEST_NAME = "Ana"  # a guest of the corpus (CUSTOMERS)
 WAITER_NAME = "Sam"  # a waiter of the corpus (WAITERS)
