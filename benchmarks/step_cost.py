@@ -14,7 +14,9 @@ compare before and after a change (copy it there, or run it with PYTHONPATH poin
     PYTHONPATH=/path/to/old/checkout python benchmarks/step_cost.py --json old.json
 
 Each size prints the median step time over `--steps` decode steps, [min-max] of `--repeats`
-repeats' medians, and the per-request cost (median / N).
+repeats' medians, and the per-request cost (median / N).  `--clock cpu` times the process's CPU
+seconds instead of the wall clock: other programs on a busy machine do not inflate them (with
+one torch thread they are the wall time of an idle machine).
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: time.perf_counter; cpu: time.process_time (robust to a busy machine)")
     add_threads_option(parser)
     return parser.parse_args(argv)
 
 
-def decode_step_seconds(llm: LLM, num_requests: int, num_steps: int) -> list[float]:
+def decode_step_seconds(llm: LLM, num_requests: int, num_steps: int, clock=time.perf_counter) -> list[float]:
     """Times of `num_steps` engine steps once `num_requests` requests are all decoding."""
     engine = llm.engine
     shared = [(7 * i) % 1000 + 10 for i in range(48)]  # a shared system prompt: prefix-cache hits
@@ -59,9 +63,9 @@ def decode_step_seconds(llm: LLM, num_requests: int, num_steps: int) -> list[flo
         engine.step_requests()  # the prompts (chunked by the token budget) and first tokens
     times = []
     for _ in range(num_steps):
-        start = time.perf_counter()
+        start = clock()
         engine.step_requests()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     while engine.has_unfinished_requests():
         engine.step_requests()
     return times
@@ -71,17 +75,19 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     apply_threads_option(args)
     sizes = [int(s) for s in args.sizes.split(",")]
-    results = {"torch": torch.__version__, "threads": torch.get_num_threads(), "sizes": {}}
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    results = {"torch": torch.__version__, "threads": torch.get_num_threads(), "clock": args.clock, "sizes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         write_random_qwen3(tmp, **TINY)
         llm = LLM(tmp, max_num_seqs=max(sizes), max_num_batched_tokens=4096, record_trace=False,
                   num_kv_blocks=max(sizes) * 8 + 64)
         decode_step_seconds(llm, 4, 2)  # warm-up
-        print(f"engine step time at N running requests (tiny model: the step is host work), "
-              f"{args.steps} decode steps x {args.repeats} repeats, {results['threads']} torch thread(s)")
+        print(f"engine step time ({args.clock} clock) at N running requests (tiny model: the step is host "
+              f"work), {args.steps} decode steps x {args.repeats} repeats, {results['threads']} torch thread(s)")
         print(f"   {'N':>5} {'median step':>14} {'[min-max] of repeats':>24} {'per request':>14}")
         for n in sizes:
-            medians = [statistics.median(decode_step_seconds(llm, n, args.steps)) * 1e3 for _ in range(args.repeats)]
+            medians = [statistics.median(decode_step_seconds(llm, n, args.steps, clock)) * 1e3
+                       for _ in range(args.repeats)]
             median = statistics.median(medians)
             results["sizes"][str(n)] = {"median_ms": median, "min_ms": min(medians), "max_ms": max(medians),
                                         "per_request_us": median / n * 1e3}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -348,9 +349,12 @@ def test_check_all_names_the_broken_piece(setup):
 
 
 def test_swap_in_leaves_the_engine_as_it_was():
+    table = block_table.BlockTable.of([[3], [5, 1]], 4)
+    rows, positions = np.array([0, 0, 1, 1]), np.array([0, 1, 3, 4])
     with build.swap_in("slot_mapping", my_slot_mapping):
-        assert block_table.slot_mapping([3], 4, 0, 2) == [12, 13]
-    assert pluggable.num_calls("kv_cache.slot_mapping") == 1
+        assert table.slot_mapping(rows, positions).tolist() == [12, 13, 23, 4]
+    assert pluggable.num_calls("kv_cache.step_slot_mapping") == 1
+    assert table.slot_mapping(rows, positions).tolist() == [12, 13, 23, 4]  # the package's own again
     with pytest.raises(KeyError, match="no build piece"):
         with build.swap_in("nope", my_slot_mapping):
             pass

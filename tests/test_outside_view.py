@@ -29,9 +29,9 @@ def test_a_server_that_cannot_start_says_why():
 
 def test_ttft_by_prompt_length_pays_every_prefill(server, tokenizer):
     table = ttft_by_prompt_length(server, tokenizer, [8, 64, 256], num_repeats=2)
-    assert table.attrs["prefix_cache_hit_tokens"] == 0  # fresh text every time: nothing reused
+    assert table.attrs["prefix_cache_hit_tokens"] == 0  # a unique first line every time: nothing reused
     counted = table["prompt tokens"].tolist()
-    assert counted == sorted(counted) and abs(counted[-1] - 256) <= 8
+    assert counted == sorted(counted) and abs(counted[-1] - 256) <= 16
     assert (table["TTFT min ms"] <= table["TTFT p50 ms"]).all() and (table["TTFT p50 ms"] <= table["TTFT max ms"]).all()
     assert all(len(v) == 2 for v in table.attrs["ttft_seconds"].values())
 

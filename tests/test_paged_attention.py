@@ -16,15 +16,17 @@ does.  Every slot nobody writes holds NaN: reading one would poison the output.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from minilm_engine.attention import attention
+from minilm_engine.attention import attention, paged
+from minilm_engine.attention.backends import TORCH_BACKEND, TorchBackend
+from minilm_engine.attention.context import PagedAttention
 from minilm_engine.attention.paged import (
     PagedAttentionMetadata,
     paged_attention_reference,
@@ -258,7 +260,7 @@ def test_chunked_prefill_equals_whole_prompt(seed):
     torch.testing.assert_close(torch.cat(pieces), whole)
 
 
-def test_the_gather_plan_is_built_once_per_step_and_groups_decodes_and_chunks():
+def test_the_gather_plan_is_built_once_per_step_and_groups_decodes_and_chunks(monkeypatch):
     rng = random.Random(7)
     seqs, k_cache, v_cache = random_case(rng, ratio=2, block_size=4)
     while {s.num_queries == 1 for s in seqs} != {True, False}:  # a step with decodes and chunks
@@ -266,15 +268,47 @@ def test_the_gather_plan_is_built_once_per_step_and_groups_decodes_and_chunks():
     write_prefix(seqs, k_cache, v_cache, rng)
     q, k, v, meta = this_step(seqs, 4)
     write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
-    first = paged_attention_reference(q, k_cache, v_cache, meta)
-    plan = meta.reference_plan(4, k_cache.shape[2])
-    # Every later layer of the step reuses it: the same object, the same result.
-    torch.testing.assert_close(paged_attention_reference(q, k_cache, v_cache, meta), first, rtol=0, atol=0)
-    assert meta.reference_plan(4, k_cache.shape[2]) is plan
+    first = paged_attention_reference(q, k_cache, v_cache, meta)  # a one-off call plans itself
+    plan = TORCH_BACKEND.plan(meta, 4, k_cache.shape[2])
     assert [g.query_rows.shape[1] == 1 for g in plan.groups] == [True, False] and not plan.covers_all_rows
     assert sorted(torch.cat([g.out_rows for g in plan.groups]).tolist()) == list(range(q.shape[0]))
-    # Metadata derived from it (dataclasses.replace, as kernel_stats does) plans afresh.
-    assert dataclasses.replace(meta)._reference_plan is None
+    # Every layer of the step reuses the plan: no planning, the same result.
+    monkeypatch.setattr(paged, "plan_reference_attention", lambda *args: pytest.fail("planned again"))
+    for _ in range(3):
+        out = TORCH_BACKEND.attend(q, k_cache, v_cache, plan)
+        torch.testing.assert_close(out, first, rtol=0, atol=0)
+    # A plan made for another cache geometry is refused, not misread.
+    with pytest.raises(ValueError, match="plan was made for block_size=4"):
+        paged_attention_reference(q, k_cache.view(-1, 2, *k_cache.shape[2:]), v_cache, meta, plan)
+
+
+def test_the_attention_context_plans_once_per_step_before_the_first_layer():
+    # A forward pass over several layers: the backend plans once, when the context is built,
+    # and every layer's attend gets that same plan.
+    rng = random.Random(5)
+    seqs, k_cache, v_cache = random_case(rng, ratio=2, block_size=3)
+    write_prefix(seqs, k_cache, v_cache, rng)
+    q, k, v, meta = this_step(seqs, 3)
+    num_layers = 3
+    cache = SimpleNamespace(k=[k_cache.clone() for _ in range(num_layers)], v=[v_cache.clone() for _ in range(num_layers)])
+    calls = []
+
+    class CountingBackend(TorchBackend):
+        def plan(self, meta, block_size, num_kv_heads):
+            calls.append(("plan", (block_size, num_kv_heads)))
+            return super().plan(meta, block_size, num_kv_heads)
+
+        def _attend(self, q, k_cache, v_cache, plan):
+            calls.append(("attend", id(plan)))
+            return super()._attend(q, k_cache, v_cache, plan)
+
+    attn = PagedAttention(cache, meta, CountingBackend())
+    assert calls == [("plan", (3, k_cache.shape[2]))]  # before any layer runs
+    outs = [attn.attend(layer, q[None], k[None], v[None])[0] for layer in range(num_layers)]
+    assert calls[1:] == [("attend", id(attn.plan))] * num_layers
+    expected = torch.cat([dense_causal(s) for s in seqs])
+    for out in outs:
+        torch.testing.assert_close(out, expected)
 
 
 def test_a_pure_decode_step_needs_no_query_gather():
@@ -285,5 +319,5 @@ def test_a_pure_decode_step_needs_no_query_gather():
     q, k, v, meta = this_step(seqs, 3)
     write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
     out = paged_attention_reference(q, k_cache, v_cache, meta)
-    assert meta.reference_plan(3, k_cache.shape[2]).covers_all_rows
+    assert TORCH_BACKEND.plan(meta, 3, k_cache.shape[2]).covers_all_rows
     torch.testing.assert_close(out, torch.cat([dense_causal(s) for s in seqs]))

@@ -253,6 +253,26 @@ def test_backend_attend_in_bfloat16(decode_only):
     torch.testing.assert_close(out.float(), reference_fp32(q, k_cache, v_cache, meta), **TOLERANCES[torch.bfloat16])
 
 
+@pytest.mark.parametrize(
+    "seqs, num_sms, kernel",
+    [([(9, 1), (21, 1)], 0, "decode"), ([(9, 1), (21, 6)], 0, "prefill"), ([(9, 1), (P + 9, 1)], 10**6, "split")],
+    ids=["decode", "mixed", "split"],
+)
+def test_the_plan_picks_the_kernel_once_and_every_layer_uses_it(seqs, num_sms, kernel):
+    # The Triton backend's plan is the step's kernel, chosen from shapes before the first layer;
+    # attending with it gives what the kernel itself gives.
+    case = Case(seqs, ratio=2, num_kv_heads=2, head_dim=16, block_size=16)
+    backend = backends.make_triton_backend(num_sms=num_sms)
+    q, k, v, k_cache, v_cache, meta = build(case)
+    plan = backend.plan(meta, case.block_size, case.num_kv_heads)
+    assert plan.kernel == kernel and plan.meta is meta
+    backend.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    kernels = {"decode": paged_decode_attention, "split": paged_decode_split_attention,
+               "prefill": paged_prefill_attention}
+    torch.testing.assert_close(backend.attend(q, k_cache, v_cache, plan), kernels[kernel](q, k_cache, v_cache, meta),
+                               rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------- choosing a backend
 def test_backend_names_resolve():
     assert backends.get_attention_backend("torch", DEVICE) is backends.TORCH_BACKEND

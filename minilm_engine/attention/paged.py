@@ -1,8 +1,9 @@
 """Paged attention: a step's metadata, the KV write and the readable reference.
 
 Contract: `PagedAttentionMetadata` says where a step's new keys/values go and what each sequence
-may look at; `write_kv_reference` stores them and `paged_attention_reference` attends, over
-caches of (num_blocks, block_size, H_kv, D) per layer.  These are the definitions the Triton
+may look at; `plan_reference_attention` turns it into the torch reference's per-step plan (once
+per step, by the backend: `backends.py`), `write_kv_reference` stores the keys/values and
+`paged_attention_reference` attends, over caches of (num_blocks, block_size, H_kv, D) per layer.  These are the definitions the Triton
 kernels next to them (`triton_*.py`) are tested against.  All sequences of a step are flattened
 into one row of tokens (no padding), prefill chunks and single decode tokens side by side:
 
@@ -18,7 +19,7 @@ imports this module (never the other way round).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,19 +44,14 @@ class PagedAttentionMetadata:
     context_lens: torch.Tensor
     block_tables: torch.Tensor
     max_query_len: int | None = None
-    # The torch reference's plan of this step, built by its first layer, reused by the others.
-    _reference_plan: ReferencePlan | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return self.context_lens.shape[0]
 
-    def reference_plan(self, block_size: int, num_kv_heads: int) -> ReferencePlan:
-        """`plan_reference_attention` for this step, computed once per cache geometry."""
-        plan = self._reference_plan
-        if plan is None or (plan.block_size, plan.num_kv_heads) != (block_size, num_kv_heads):
-            plan = self._reference_plan = plan_reference_attention(self, block_size, num_kv_heads)
-        return plan
+    @property
+    def num_tokens(self) -> int:
+        return self.slot_mapping.shape[0]
 
 
 def write_kv_reference(
@@ -68,20 +64,32 @@ def write_kv_reference(
 
 
 def paged_attention_reference(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedAttentionMetadata
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    plan: ReferencePlan | None = None,
 ) -> torch.Tensor:
     """q: (N, H, D) flattened queries -> (N, H, D), each sequence over its own cached tokens.
 
     Sequences are attended in at most two batched calls, decodes (one query each) and prompt
     chunks (several), each padded to its longest query and context (`AttentionGroup`).  Which
-    rows and slots those are is planned once per step (`meta.reference_plan`) and shared by
-    every layer; a layer only gathers, multiplies and writes back.
+    rows and slots those are is `plan` (`plan_reference_attention(meta, ...)`): the engine's
+    backend builds it once per step, before the first layer, and every layer passes it in, so a
+    layer only gathers, multiplies and writes back.  Without one (a one-off call) it is planned
+    here.
     """
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     # One row of D numbers per (slot, K/V head): a group's keys come out of one gather already
     # laid out (S, H_kv, L, D), as the matmuls want them.
     k_rows, v_rows = k_cache.view(-1, head_dim), v_cache.view(-1, head_dim)
-    plan = meta.reference_plan(k_cache.shape[1], num_kv_heads)
+    if plan is None:
+        plan = plan_reference_attention(meta, k_cache.shape[1], num_kv_heads)
+    elif (plan.block_size, plan.num_kv_heads) != (k_cache.shape[1], num_kv_heads):
+        raise ValueError(
+            f"the plan was made for block_size={plan.block_size}, {plan.num_kv_heads} K/V heads; "
+            f"this cache has block_size={k_cache.shape[1]}, {num_kv_heads} K/V heads"
+        )
     out = None if plan.covers_all_rows else torch.empty_like(q)
     for group in plan.groups:
         num_seqs, num_queries = group.query_rows.shape
@@ -127,12 +135,14 @@ class AttentionGroup:
 
 @dataclass(frozen=True)
 class ReferencePlan:
-    """What the torch reference gathers in one step, for one cache geometry.
+    """What the torch reference gathers in one step, for one cache geometry: the torch
+    backend's plan (`backends.TorchBackend.plan`), built once per step and read by every layer.
 
     With a single decode group holding rows 0..N-1 in order (`covers_all_rows`: the common
     step once prompts are in) the queries need no gathering and the output no scattering.
     """
 
+    meta: PagedAttentionMetadata
     block_size: int
     num_kv_heads: int
     groups: list[AttentionGroup]
@@ -151,7 +161,7 @@ def plan_reference_attention(meta: PagedAttentionMetadata, block_size: int, num_
     decodes, chunks = np.flatnonzero(num_queries == 1), np.flatnonzero(num_queries > 1)
     device = meta.context_lens.device
     groups = [_group(host, seqs, block_size, num_kv_heads, device) for seqs in (decodes, chunks) if len(seqs)]
-    return ReferencePlan(block_size, num_kv_heads, groups, covers_all_rows=not len(chunks))
+    return ReferencePlan(meta, block_size, num_kv_heads, groups, covers_all_rows=not len(chunks))
 
 
 def _group(host, seqs: np.ndarray, block_size: int, num_kv_heads: int, device: torch.device) -> AttentionGroup:

@@ -29,7 +29,7 @@ from ..attention.backends import get_attention_backend
 from ..inputs import InputProcessor, PromptType
 from ..kv_cache.block_manager import BlockManager
 from ..kv_cache.block_pool import BlockPool
-from ..kv_cache.block_table import cdiv
+from ..kv_cache.block_table import BlockTable, cdiv
 from ..kv_cache.paged import PagedKVCache
 from ..kv_cache.sizing import KVCacheBudget, decide_num_kv_blocks
 from ..models import CausalLM
@@ -120,8 +120,12 @@ class LLMEngine:
         self.attention_backend = get_attention_backend(
             self.config.attention_backend, model.device, model.dtype
         )
+        # The runner's block tables: one row per request, updated from the scheduler's output.
+        block_table = BlockTable(
+            self.config.max_num_seqs, cdiv(self.max_model_len, self.config.block_size), self.config.block_size
+        )
         self.runner = ModelRunner(
-            model, self.cache, self.block_manager, self.attention_backend, self._capture_decode_graphs()
+            model, self.cache, block_table, self.attention_backend, self._capture_decode_graphs()
         )
         self.proposer: DraftModelProposer | NgramProposer | None = None
         self.spec_decoding_stats: SpecDecodingStats | None = None  # the engine's totals
@@ -318,7 +322,7 @@ class LLMEngine:
         for s in sched.scheduled:
             if s.request.metrics.first_scheduled_time is None:
                 s.request.metrics.first_scheduled_time = now
-        output = self.runner.execute(sched.scheduled)  # 3. execute
+        output = self.runner.execute(sched)  # 3. execute
         results = output.sampled_token_ids
         update = self.scheduler.update_from_output(sched, results, self.tokenizer, output)  # 4. update
         for s, tokens in zip(sched.scheduled, results):

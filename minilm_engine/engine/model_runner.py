@@ -1,12 +1,14 @@
 """One engine step on the model: flatten the scheduled tokens, run, sample.
 
-Contract: `ModelRunner.execute(scheduled)` computes keys/values for every
+Contract: `ModelRunner.execute(scheduler_output)` computes keys/values for every
 scheduled token into the paged cache and returns a `ModelRunnerOutput`: per scheduled request,
 the tokens to append (one sampled token, none when the step only computed part of a prompt (a
 chunk), or, for a request verifying drafts (speculative decoding), the accepted drafts and one
 more token), with their logprobs and this chunk's prompt logprobs where the request asked.
 Prompt logprobs take the logits of every prompt row of the chunk, so only requests that ask
-pay for them.
+pay for them.  The block tables come from the scheduler's output too: the runner keeps them in
+a `BlockTable` (one row per request, kept between steps) and applies what changed (rows freed,
+new blocks appended); it never asks the block manager.
 
     scheduled:    A: 4 prompt tokens   B: 1 decode token   C: 2 of 5 prompt tokens (a chunk)
     input_ids:    [ a0 a1 a2 a3 | b7 | c0 c1 ]          one row, no padding
@@ -25,16 +27,16 @@ from dataclasses import dataclass, field
 import torch
 
 from ..attention.backends import AttentionBackend
-from ..attention.paged import PagedAttentionMetadata
-from ..kv_cache.block_manager import BlockManager
-from ..kv_cache.chunks import Chunk, flatten_chunks
 from ..attention.context import PagedAttention
+from ..attention.paged import PagedAttentionMetadata
+from ..kv_cache.block_table import BlockTable
+from ..kv_cache.chunks import Chunk, flatten_chunks
 from ..kv_cache.paged import PagedKVCache
 from ..models import CausalLM
 from ..sampler import TokenLogprobs, gather_logprobs, sample_requests
 from ..spec_decode.rejection_sampler import rejection_sample
 from .cuda_graphs import DecodeGraphRunner
-from .scheduler import ScheduledRequest
+from .scheduler import SchedulerOutput
 
 
 @dataclass
@@ -59,39 +61,45 @@ class ModelRunner:
         self,
         model: CausalLM,
         cache: PagedKVCache,
-        block_manager: BlockManager,
+        block_table: BlockTable,  # the runner's own: rows follow the scheduler's output
         attention_backend: AttentionBackend | None = None,  # None: the torch reference
         decode_graphs: DecodeGraphRunner | None = None,  # None: every step runs eagerly
     ):
         self.model = model
         self.cache = cache
-        self.block_manager = block_manager
+        self.block_table = block_table
         self.attention_backend = attention_backend
         self.decode_graphs = decode_graphs
 
-    def prepare(self, scheduled: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
-        """Build (input_ids (N,), positions (N,), metadata) for the flattened step."""
+    def prepare(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
+        """Apply the step's block-table changes, then build (input_ids (N,), positions (N,),
+        metadata) for the flattened step."""
+        table = self.block_table
+        for request_id in sched.freed_request_ids:
+            table.remove(request_id)
         chunks = []
-        for s in scheduled:
+        for s in sched.scheduled:
+            rid = s.request.request_id
+            table.update(rid, s.num_kept_blocks, s.new_block_ids)
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
             # A speculating decode computes its last token, then its drafts after it.
             token_ids = s.request.all_token_ids[start : end - len(s.spec_token_ids)] + s.spec_token_ids
-            rid = s.request.request_id
-            chunks.append(Chunk(rid, token_ids, start, self.block_manager.get_block_table(rid)))
-        return flatten_chunks(chunks, self.block_manager.block_size, self.model.device)
+            chunks.append(Chunk(rid, token_ids, start))
+        return flatten_chunks(chunks, table.block_size, self.model.device, table)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """A verifying request's `draft` carries its ids and, for a sampling request, the
         draft's (k, V) distributions (speculative decoding; greedy requests need none)."""
         # Triton launches, and graph replays, go to the *current* CUDA device: make it the
         # model's (it may be cuda:1).
         device = self.model.device
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            return self._execute(scheduled)
+            return self._execute(sched)
 
-    def _execute(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
-        input_ids, positions, meta = self.prepare(scheduled)
+    def _execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        input_ids, positions, meta = self.prepare(sched)
+        scheduled = sched.scheduled
         graphs = self.decode_graphs
         if graphs is not None and graphs.can_run(len(input_ids), meta):
             hidden = graphs.run(input_ids, positions, meta)  # (N, hidden), N == num_seqs

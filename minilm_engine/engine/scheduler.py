@@ -29,6 +29,11 @@ Data flows one way through an engine step, and the scheduler owns both ends of i
 `update_from_output()` appends each request's sampled tokens (stopping at a stop), sets its
 computed-token count (rolling rejected drafts back) and returns the requests that advanced and
 those that finished; the engine then calls `finish()` for the finished ones.
+
+The output also carries what changed in the block tables, so the runner keeps its own copy
+(`kv_cache.block_table.BlockTable`) without asking the block manager: per scheduled request
+the blocks it already has and the new ones after them, and the requests whose tables were
+released since the last step (`freed_request_ids`).
 """
 
 from __future__ import annotations
@@ -68,6 +73,11 @@ class ScheduledRequest:
     # After this step every known token is computed, so the step samples a new token (a
     # chunk of a prompt does not).
     samples_token: bool
+    # What changed in the request's block table since the runner last saw it: its first
+    # `num_kept_blocks` blocks stay, `new_block_ids` follow (a request's first step, or its
+    # first since it was resumed or moved here, sends the whole table: 0 kept).
+    num_kept_blocks: int
+    new_block_ids: list[int]
     # Speculative decoding: the drafts verified this step after the request's last token, ids
     # and the draft's probabilities together (num_new_tokens counts them: 1 + k).
     draft: DraftTokens | None = None
@@ -84,12 +94,16 @@ def is_decoding(request: Request) -> bool:
 
 
 def schedule_request(
-    request: Request, num_new_tokens: int, num_cached_tokens: int = 0, draft: DraftTokens | None = None
+    request: Request,
+    num_new_tokens: int,
+    num_cached_tokens: int = 0,
+    draft: DraftTokens | None = None,
+    block_update: tuple[int, list[int]] = (0, []),
 ) -> ScheduledRequest:
     """Decide what computing `num_new_tokens` of `request` is, from where it stands now.
 
     Tokens past the request's own are its drafts (speculative decoding): as many of `draft`'s
-    as fit.
+    as fit.  `block_update`: (num_kept_blocks, new_block_ids) of its block table.
     """
     num_computed, num_tokens = request.num_computed_tokens, request.num_tokens
     num_spec = max(0, num_computed + num_new_tokens - num_tokens)
@@ -101,6 +115,8 @@ def schedule_request(
         num_cached_tokens,
         is_prefill=not (num_new_tokens == 1 + num_spec and is_decoding(request)),
         samples_token=num_computed + num_new_tokens == num_tokens + num_spec,
+        num_kept_blocks=block_update[0],
+        new_block_ids=block_update[1],
         draft=verified,
     )
 
@@ -140,6 +156,9 @@ class StepUpdate:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # Requests whose block tables were released since the last step that ran (finished,
+    # aborted, preempted, detached): the runner drops their rows before this step's updates.
+    freed_request_ids: list[str] = field(default_factory=list)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -164,6 +183,11 @@ class Scheduler:
         self.order = RequestOrder(config.scheduling_policy)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # What the model runner's block tables must still hear about (`SchedulerOutput`):
+        # tables released since the last step that ran, and running requests whose table the
+        # runner has never seen (added with their KV computed: `add_running`).
+        self._freed_request_ids: list[str] = []
+        self._unsent_tables: set[str] = set()
         # Totals since start, read by the server's /metrics (vLLM's names, without "vllm:").
         self.num_preemptions = 0
         self.num_prefix_cache_queries = 0  # prompt tokens looked up when a request is admitted
@@ -201,7 +225,17 @@ class Scheduler:
                     i += 1  # (else it preempted itself: it was the last, and now waits)
             else:
                 break
+        if out.scheduled:  # (an empty step runs nothing: the next one carries them)
+            out.freed_request_ids, self._freed_request_ids = self._freed_request_ids, []
         return out
+
+    def _block_update(self, request_id: str, num_held_blocks: int) -> tuple[int, list[int]]:
+        """(num_kept_blocks, new_block_ids) of a table that held `num_held_blocks` before this
+        step's allocation (the runner holds those, unless it never saw the table)."""
+        if self._unsent_tables and request_id in self._unsent_tables:
+            self._unsent_tables.discard(request_id)
+            num_held_blocks = 0
+        return num_held_blocks, self.block_manager.get_block_table(request_id, start=num_held_blocks)
 
     def _schedule_running(
         self, request: Request, budget: int, draft: DraftTokens | None, out: SchedulerOutput
@@ -214,9 +248,11 @@ class Scheduler:
         if num_new == 0:
             return 0
         # 2. Make room: preempt from the back (newest, or last in rank) until this request fits.
+        num_held_blocks = self.block_manager.num_held_blocks(request.request_id)
         while True:
             if self.block_manager.allocate_slots(request.request_id, num_computed, num_new):
-                out.scheduled.append(schedule_request(request, num_new, draft=draft))
+                blocks = self._block_update(request.request_id, num_held_blocks)
+                out.scheduled.append(schedule_request(request, num_new, draft=draft, block_update=blocks))
                 return num_new
             # Candidates: this request and those after it (the ones before have their tokens).
             victim = preemption_victim(self.running[self.running.index(request) :])
@@ -261,7 +297,9 @@ class Scheduler:
         request.num_computed_tokens = num_cached  # the prefix hit is in the cache already
         if request.num_cached_tokens is None:
             request.num_cached_tokens = num_cached
-        out.scheduled.append(schedule_request(request, num_new, num_cached))
+        out.scheduled.append(
+            schedule_request(request, num_new, num_cached, block_update=self._block_update(request.request_id, 0))
+        )
         return num_new
 
     def _num_tokens_to_compute(
@@ -278,7 +316,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.num_preemptions += 1
-        self.block_manager.free(request.request_id)
+        self._release_table(request.request_id)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         self.order.requeue(self.waiting, request)
@@ -330,10 +368,15 @@ class Scheduler:
         """Remove a finished or aborted request and free its blocks (now, not later)."""
         if request in self.running:
             self.running.remove(request)
-            self.block_manager.free(request.request_id)
+            self._release_table(request.request_id)
         elif request in self.waiting:
             self.waiting.remove(request)
         self.order.leave(request)
+
+    def _release_table(self, request_id: str) -> None:
+        self.block_manager.free(request_id)
+        self._freed_request_ids.append(request_id)
+        self._unsent_tables.discard(request_id)
 
     # -- KV transfer (distributed/kv_transfer/): requests that move between engines ----------
 
@@ -348,6 +391,9 @@ class Scheduler:
             raise ValueError(f"request {request.request_id!r} is not running, so it cannot be detached")
         self.running.remove(request)
         self.order.leave(request)
+        # Its row in the runner goes; the blocks stay in the manager for the caller.
+        self._freed_request_ids.append(request.request_id)
+        self._unsent_tables.discard(request.request_id)
 
     def add_running(self, request: Request) -> None:
         """Admit a request whose KV for its first `num_computed_tokens` tokens is already in its
@@ -358,3 +404,4 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.order.arrive(request)  # ranked by its priority, as a new arrival of this engine
         self.order.place(self.running, request)
+        self._unsent_tables.add(request.request_id)  # its first step sends the whole table

@@ -168,7 +168,9 @@ def ttft_by_prompt_length(server: ServerProcess, tokenizer, lengths: list[int], 
     for repeat in range(num_repeats):
         shift = repeat % len(lengths)
         for n in lengths[shift:] + lengths[:shift]:
-            prompt = _text_of_tokens(tokenizer, n, seed=seed + 7919 * repeat + n)
+            # A line of its own first: the first block differs from every other prompt's, and a
+            # block's hash chains over all before it, so nothing of this prompt can be a hit.
+            prompt = f"Order {seed}-{repeat}-{n}:\n" + _text_of_tokens(tokenizer, n, seed=seed + 7919 * repeat + n)
             result = _send_one(config, BenchRequest(prompt=prompt, max_tokens=2))
             times[n].append(result.ttft)
             counted[n] = result.num_prompt_tokens

@@ -80,9 +80,15 @@ class BlockManager:
     def usage(self) -> float:
         return self.block_pool.usage
 
-    def get_block_table(self, request_id: str) -> list[int]:
-        """Block ids of the request's table, in token order."""
-        return [block.block_id for block in self._table(request_id)]
+    def get_block_table(self, request_id: str, start: int = 0) -> list[int]:
+        """Block ids of the request's table, in token order (from block `start` on)."""
+        table = self._table(request_id)
+        # (Most decode steps add no block: the scheduler asks for the new ones every step.)
+        return [block.block_id for block in table[start:]] if start < len(table) else []
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks in the request's table (0: it holds none)."""
+        return len(self.block_tables.get(request_id, ()))
 
     # ------------------------------------------------------------------ prefix cache
     def get_computed_blocks(

@@ -33,7 +33,7 @@ from __future__ import annotations
 import html
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,9 @@ class Piece:
     adapt: Callable[[Callable[..., Any]], Callable[..., Any]]  # learner fn -> the core's signature
     run_check: Callable[[Callable[..., Any], Any], list[str]]  # raises BuildFailure; returns details
     solutions: str  # notebooks/solutions/<file>
+    # Other package functions that are this piece under another signature: passing one, or
+    # calling one from the learner's function, is the package's own work too.
+    watched: tuple[str, ...] = ()
 
     def describe(self) -> str:
         return f"{self.signature}\n\nHint: {self.hint}\nWorked solution: notebooks/solutions/{self.solutions}"
@@ -135,9 +138,20 @@ def _nudge(piece: Piece) -> str:
 
 
 def _is_package(piece: Piece, fn: Any) -> bool:
-    if piece.registry_name not in pluggable.piece_names():
-        return False  # its module is not imported yet (a Triton kernel): its checker recognises it
-    return pluggable.is_package_function(piece.registry_name, fn)
+    names = [n for n in (piece.registry_name, *piece.watched) if n in pluggable.piece_names()]
+    # (A piece whose module is not imported yet, a Triton kernel, is recognised by its checker.)
+    return any(pluggable.is_package_function(n, fn) for n in names)
+
+
+@contextmanager
+def _watching(piece: Piece) -> Iterator[list[str]]:
+    """Count calls of the watched package functions (each runs as itself) while the check runs."""
+    with ExitStack() as stack:
+        for name in piece.watched:
+            stack.enter_context(pluggable.override(name, pluggable.default(name)))
+        called: list[str] = []
+        yield called
+        called += [n for n in piece.watched if pluggable.num_calls(n)]
 
 
 def _learner_frame(exc: BaseException) -> str | None:
@@ -166,14 +180,15 @@ def check(piece: str, fn: Any, setup: Any = None) -> BuildResult:
     if _is_package(p, fn):
         return BuildResult(piece, False, _nudge(p))
     try:
-        details = p.run_check(fn, setup)
+        with _watching(p) as called:
+            details = p.run_check(fn, setup)
     except BuildFailure as e:
         return BuildResult(piece, False, str(e))
     except PieceError as e:
         return BuildResult(piece, False, f"your function's answer cannot be used: {e}")
     except Exception as e:  # the learner's code raised, or the engine choked on its answer
         return BuildResult(piece, False, _describe_exception(e))
-    if pluggable.num_delegations(p.registry_name):
+    if pluggable.num_delegations(p.registry_name) or called:
         return BuildResult(piece, False, _nudge(p) + " (your function calls it.)")
     return BuildResult(piece, True, "the engine with your piece matches the reference engine", details)
 

@@ -103,7 +103,25 @@ PAGED_ARGS = {"block_size": 4, "num_kv_blocks": 64, "max_num_seqs": 5, "max_num_
 
 
 def _adapt_slot_mapping(fn: Fn) -> Fn:
-    def call(block_table, block_size, start, end):
+    """The learner writes one sequence's slots; the engine's step asks for all its tokens at
+    once (`BlockTable.slot_mapping`): each run of consecutive positions of one row is one call."""
+
+    def step(table, rows, positions):
+        import numpy as np
+
+        slots = np.empty(len(positions), dtype=np.int64)
+        i = 0
+        while i < len(positions):
+            j = i + 1
+            while j < len(positions) and rows[j] == rows[i] and positions[j] == positions[j - 1] + 1:
+                j += 1
+            row = int(rows[i])
+            block_ids = table.block_ids[row, : table.num_blocks[row]].tolist()
+            slots[i:j] = one(block_ids, table.block_size, int(positions[i]), int(positions[j - 1]) + 1)
+            i = j
+        return slots
+
+    def one(block_table, block_size, start, end):
         out = fn(list(block_table), block_size, start, end)
         if not isinstance(out, (list, tuple)):
             raise PieceError(f"return a list of slot numbers (ints), got {type(out).__name__}")
@@ -117,19 +135,20 @@ def _adapt_slot_mapping(fn: Fn) -> Fn:
             raise PieceError(f"slots must be ints, got {bad!r} ({type(bad).__name__})")
         return list(out)
 
-    return call
+    return step
 
 
 def _check_slot_mapping(fn: Fn, setup: BuildSetup) -> list[str]:
     want = reference_run(setup, PAGED_ARGS, waves=2)
-    got = _with("kv_cache.slot_mapping", fn, lambda: run_engine(setup, PAGED_ARGS, waves=2))
-    return [require_same_tokens(got, want, setup), "the block pool empty after", _calls("kv_cache.slot_mapping")]
+    got = _with("kv_cache.step_slot_mapping", fn, lambda: run_engine(setup, PAGED_ARGS, waves=2))
+    return [require_same_tokens(got, want, setup), "the block pool empty after", _calls("kv_cache.step_slot_mapping")]
 
 
 _piece(
     name="slot_mapping",
-    registry_name="kv_cache.slot_mapping",
+    registry_name="kv_cache.step_slot_mapping",
     chapter="03",
+    watched=("kv_cache.slot_mapping",),
     signature=(
         "def slot_mapping(block_table, block_size, start, end) -> list[int]\n"
         "  the cache slot of each token position in [start, end) of a sequence whose blocks are\n"
