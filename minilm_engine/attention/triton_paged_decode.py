@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pluggable import replaceable
 from .paged import PagedAttentionMetadata
 
 BLOCK_N = 16  # keys per tile; a fixed size, since the interpreter cannot autotune
@@ -104,6 +105,13 @@ def paged_decode_kernel(
     tl.store(out_ptr + out_offset, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
+@replaceable("attention.decode_kernel")
+def decode_kernel():
+    """The kernel `paged_decode_attention` launches: `paged_decode_kernel` (the seam through
+    which another kernel of the same signature can be run in the engine, as `pluggable` says)."""
+    return paged_decode_kernel
+
+
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedAttentionMetadata
 ) -> torch.Tensor:
@@ -117,7 +125,7 @@ def paged_decode_attention(
     if num_seqs == 0:
         return out
     num_queries_per_kv = num_heads // num_kv_heads
-    paged_decode_kernel[(num_seqs, num_kv_heads)](
+    decode_kernel()[(num_seqs, num_kv_heads)](
         out, q, k_cache, v_cache, meta.block_tables, meta.context_lens,
         head_dim**-0.5,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),

@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..kv_cache.block_manager import BlockManager
+from ..pluggable import replaceable
 from ..request import Request, RequestStatus
 from ..spec_decode.rejection_sampler import DraftTokens
 from .config import EngineConfig
@@ -118,6 +119,29 @@ def schedule_request(
         new_block_ids=block_update[1],
         draft=verified,
     )
+
+
+@replaceable("scheduler.preemption_victim")
+def preemption_victim(candidates: list[Request]) -> Request:
+    """Out of blocks: who gives up theirs.  `candidates` are the running request that needs
+    room and those after it in the running order (arrival, or rank under priority); the ones
+    before have had their turn this step.  The last one, the newest: the oldest requests always
+    make progress, and the newest has the least work to recompute."""
+    return candidates[-1]
+
+
+@replaceable("scheduler.num_tokens_this_step")
+def num_tokens_this_step(
+    num_remaining_tokens: int, num_scheduled_tokens: int, max_num_batched_tokens: int, enable_chunked_prefill: bool
+) -> int:
+    """How many of a request's `num_remaining_tokens` uncomputed tokens run this step, when the
+    requests scheduled before it in this step already take `num_scheduled_tokens` of the
+    `max_num_batched_tokens` budget: all of them if they fit; else, with chunked prefill, a chunk
+    that fills the rest of the budget; without it, none (the prompt waits for a step with room)."""
+    budget = max_num_batched_tokens - num_scheduled_tokens
+    if num_remaining_tokens <= budget:
+        return num_remaining_tokens
+    return budget if enable_chunked_prefill else 0
 
 
 @dataclass
@@ -230,7 +254,9 @@ class Scheduler:
                 blocks = self._block_update(request.request_id, num_held_blocks)
                 out.scheduled.append(schedule_request(request, num_new, draft=draft, block_update=blocks))
                 return num_new
-            victim = self.running.pop()
+            # Candidates: this request and those after it (the ones before have their tokens).
+            victim = preemption_victim(self.running[self.running.index(request) :])
+            self.running.remove(victim)
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is request:
@@ -283,10 +309,10 @@ class Scheduler:
         if remaining == 1 and num_spec_tokens:
             # A decode with drafts: as many of them as the budget leaves room for.
             return min(1 + num_spec_tokens, budget)
-        if remaining <= budget:
-            return remaining
-        # Without chunked prefill a prompt runs whole or waits for a step with room for it.
-        return budget if self.config.enable_chunked_prefill else 0
+        max_num_batched = self.config.max_num_batched_tokens
+        return num_tokens_this_step(
+            remaining, max_num_batched - budget, max_num_batched, self.config.enable_chunked_prefill
+        )
 
     def _preempt(self, request: Request) -> None:
         self.num_preemptions += 1

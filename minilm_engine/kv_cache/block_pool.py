@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..pluggable import replaceable
+
 BlockEventKind = Literal["allocated", "shared", "freed", "evicted", "cached"]
 BlockState = Literal["used", "cached_free", "free"]
 
@@ -97,6 +99,15 @@ def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
     text = f"{parent_hash}|{','.join(str(int(t)) for t in token_ids)}"
     digest = hashlib.sha256(text.encode("ascii")).digest()
     return int.from_bytes(digest[:8], "little")
+
+
+@replaceable("kv_cache.share_block")
+def share_block(block: KVCacheBlock, free_queue: OrderedDict[int, KVCacheBlock]) -> None:
+    """One more request holds `block` (a prefix-cache hit): ref_cnt += 1, and a block that was
+    free (ref_cnt 0, its prefix still cached) leaves the free queue, so it cannot be evicted."""
+    if block.ref_cnt == 0:
+        del free_queue[block.block_id]
+    block.ref_cnt += 1
 
 
 class BlockPool:
@@ -208,9 +219,7 @@ class BlockPool:
                     f"(was it evicted since get_cached_block returned it?)"
                 )
         for block in blocks:
-            if block.ref_cnt == 0:
-                del self._free_queue[block.block_id]
-            block.ref_cnt += 1
+            share_block(block, self._free_queue)
             self._log("shared", block)
 
     def cache_full_block(self, block: KVCacheBlock, block_hash: int) -> bool:

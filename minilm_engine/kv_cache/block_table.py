@@ -19,12 +19,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..pluggable import replaceable
+
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: how many blocks of size b hold a tokens."""
     return -(-a // b)
 
 
+@replaceable("kv_cache.slot_mapping")
 def slot_mapping(block_table: Sequence[int], block_size: int, start: int, end: int) -> list[int]:
     """Cache slot of each token position in [start, end) of a sequence with `block_table`.
 
@@ -116,6 +119,10 @@ class BlockTable:
         return self.block_ids[row, : self.num_blocks[row]].tolist()
 
     def slot_mapping(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """(N,), (N,) -> (N,): `step_slot_mapping` (below) for this table."""
+        return step_slot_mapping(self, rows, positions)
+
+    def _slot_mapping(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Cache slot of token positions (N,) of the requests in `rows` (N,): the function
         `slot_mapping` above, for a whole step at once.  Raises if a position lies past its
         row's blocks (the scheduler allocated too little, or the update was not applied)."""
@@ -143,3 +150,11 @@ class BlockTable:
         self.block_ids = grown
         self.num_blocks = np.concatenate([self.num_blocks, np.zeros(num_rows - old_rows, dtype=np.int64)])
         self._free_rows = list(range(num_rows - 1, old_rows - 1, -1)) + self._free_rows
+
+
+@replaceable("kv_cache.step_slot_mapping")
+def step_slot_mapping(table: BlockTable, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The slots of one step's tokens (`BlockTable.slot_mapping`): a named piece, so that a
+    replacement written for one sequence at a time (`slot_mapping`'s signature) can run in the
+    engine's step (`teaching/build_pieces.py` adapts it)."""
+    return table._slot_mapping(rows, positions)

@@ -21,6 +21,7 @@ import torch
 
 from ..attention import NoKVCache, attention, causal_mask
 from ..models.config import ModelConfig
+from ..pluggable import replaceable
 
 __all__ = ["ContiguousKVCache", "NoKVCache"]
 
@@ -66,14 +67,28 @@ class ContiguousKVCache:
         self._start, self.num_used_slots = start, end
 
     def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
-        start, end = self._start, self.num_used_slots
-        # (B, T, H_kv, D) -> (B, H_kv, T, D), written into this step's slots.
-        self.k[layer_idx][:, :, start:end] = k.transpose(1, 2)
-        self.v[layer_idx][:, :, start:end] = v.transpose(1, 2)
-        out = attention(
-            q.transpose(1, 2),
-            self.k[layer_idx][:, :, :end],
-            self.v[layer_idx][:, :, :end],
-            self._mask,
-        )  # (B, H, T, D)
-        return out.transpose(1, 2)
+        return append_and_attend(self.k[layer_idx], self.v[layer_idx], self._start, q, k, v, self._mask)
+
+
+@replaceable("kv_cache.append_and_attend")
+def append_and_attend(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """One layer of one step: write this step's keys/values into slots [start, start + T) of the
+    layer's cache, then let the step's queries attend over every slot up to there.
+
+    k_cache, v_cache: (B, H_kv, max_len, D)    q: (B, T, H, D)    k, v: (B, T, H_kv, D)
+    mask: (B, T, start + T) bool, True where query t may see slot s    returns (B, T, H, D)
+    """
+    end = start + q.shape[1]
+    # (B, T, H_kv, D) -> (B, H_kv, T, D), written into this step's slots.
+    k_cache[:, :, start:end] = k.transpose(1, 2)
+    v_cache[:, :, start:end] = v.transpose(1, 2)
+    out = attention(q.transpose(1, 2), k_cache[:, :, :end], v_cache[:, :, :end], mask)  # (B, H, T, D)
+    return out.transpose(1, 2)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..pluggable import replaceable
 from . import schemes
 from .config import GROUP_SIZES, QuantizationConfig, QuantizationError
 
@@ -139,11 +140,26 @@ def quantize_weight(
 ) -> tuple[torch.Tensor, ...]:
     """(N, K) float32 -> (qweight, scales) for int8, (qweight, scales, offsets) for int4."""
     if config.scheme == "int8":
-        scales = schemes.int8_scales(w, config.torch_scale_dtype)
-        return schemes.quantize_int8(w, scales), scales
-    scales, offsets = schemes.int4_params(w, config.group_size, clip_ratio, config.torch_scale_dtype)
-    codes = schemes.quantize_int4(w, scales, offsets, config.group_size)
+        return quantize_int8_weight(w, config.torch_scale_dtype)
+    codes, scales, offsets = quantize_int4_weight(w, config.group_size, clip_ratio, config.torch_scale_dtype)
     return schemes.pack_int4(codes), scales, offsets
+
+
+@replaceable("quantization.int8_weight")
+def quantize_int8_weight(w: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float32 -> codes (N, K) int8, scales (N,): one scale per output channel."""
+    scales = schemes.int8_scales(w, scale_dtype)
+    return schemes.quantize_int8(w, scales), scales
+
+
+@replaceable("quantization.int4_weight")
+def quantize_int4_weight(
+    w: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | float, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(N, K) float32 -> codes (N, K_padded) uint8 0..15 (unpacked), scales and offsets
+    (N, num_groups): one (scale, offset) pair per group of `group_size` inputs."""
+    scales, offsets = schemes.int4_params(w, group_size, clip_ratio, scale_dtype)
+    return schemes.quantize_int4(w, scales, offsets, group_size), scales, offsets
 
 
 def fake_quantize(

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..pluggable import replaceable
 from ..sampler import sampling_probs
 from ..sampling_params import SamplingParams
 
@@ -80,19 +81,27 @@ def rejection_sample(
         return _greedy_verify(draft.token_ids, target_logits)
     if draft.probs is None:
         raise ValueError("a sampling request's drafts need the draft's probabilities")
+    p = torch.stack([sampling_probs(row, params) for row in target_logits])  # (k + 1, V)
+    return accept_drafts(draft.token_ids, p, draft.probs, generator)
+
+
+@replaceable("spec_decode.accept_drafts")
+def accept_drafts(
+    draft_token_ids: list[int], p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
+) -> list[int]:
+    """The sampling rule (module docstring): p (k + 1, V) the target's distributions at the
+    verification rows, q (k, V) the draft's for its k tokens -> the 1..k + 1 tokens to append."""
     out: list[int] = []
-    for i, token in enumerate(draft.token_ids):
-        p = sampling_probs(target_logits[i], params)  # (V,)
-        q = draft.probs[i]  # (V,)
+    for i, token in enumerate(draft_token_ids):
         u = torch.rand((), generator=generator, device=q.device).item()
-        if u < accept_probability(p[token].item(), q[token].item()):
+        if u < accept_probability(p[i, token].item(), q[i, token].item()):
             out.append(token)
             continue
-        recovered = recovered_distribution(p, q)
+        recovered = recovered_distribution(p[i], q[i])
         out.append(torch.multinomial(recovered, 1, generator=generator).item())
         return out
-    bonus = sampling_probs(target_logits[k], params)
-    out.append(torch.multinomial(bonus, 1, generator=generator).item())
+    k = len(draft_token_ids)
+    out.append(torch.multinomial(p[k], 1, generator=generator).item())  # all accepted: the bonus
     return out
 
 

@@ -1,0 +1,467 @@
+"""Build exercises (teaching/build.py): the learner's piece runs inside the real engine.
+
+For every piece: a correct attempt written here (not the package's function) passes; the usual
+wrong attempts each fail with their own message; the package's own function, passed directly
+or called from inside the attempt, gets the nudge; an exception or a wrong type is reported,
+never raised.  The engine runs on a tiny random checkpoint (conftest), a few requests long.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from minilm_engine import pluggable
+from minilm_engine.kv_cache import block_table
+from minilm_engine.teaching import build
+from minilm_engine.teaching.build_runs import BuildSetup, reference_run
+from minilm_engine.teaching.build_pieces import CHUNK_ARGS, preempt_args
+
+
+@pytest.fixture(scope="module")
+def setup(checkpoints) -> BuildSetup:
+    return BuildSetup(model=str(checkpoints["qwen3"].path), draft_model=str(checkpoints["llama"].path),
+                      max_tokens=6, num_samples=3000)
+
+
+def assert_fails(result: build.BuildResult, *phrases: str) -> None:
+    assert not result.passed, result
+    for phrase in phrases:
+        assert phrase in result.message, result
+
+
+# -- correct attempts, written from the idea ---------------------------------------------------------
+
+
+def my_slot_mapping(table, block_size, start, end):
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def my_share_block(block, free_queue):
+    if block.ref_cnt == 0:
+        free_queue.pop(block.block_id)
+    block.ref_cnt += 1
+
+
+def my_victim(candidates):
+    return candidates[-1]
+
+
+def my_num_tokens(remaining, scheduled, max_batched, chunked):
+    left = max_batched - scheduled
+    if remaining <= left:
+        return remaining
+    return left if chunked else 0
+
+
+def my_append_and_attend(k_cache, v_cache, start, q, k, v, mask):
+    T = q.shape[1]
+    k_cache[:, :, start : start + T] = k.transpose(1, 2)
+    v_cache[:, :, start : start + T] = v.transpose(1, 2)
+    keys, values = k_cache[:, :, : start + T], v_cache[:, :, : start + T]  # (B, H_kv, S, D)
+    group = q.shape[2] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    scores = q.transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    return (scores.softmax(-1) @ values).transpose(1, 2)
+
+
+def my_accept(drafts, p, q, generator):
+    out = []
+    for i, d in enumerate(drafts):
+        if torch.rand((), generator=generator) < p[i, d] / q[i, d]:
+            out.append(d)
+            continue
+        residual = (p[i] - q[i]).clamp(min=0)
+        out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
+        return out
+    out.append(int(torch.multinomial(p[len(drafts)], 1, generator=generator)))
+    return out
+
+
+def my_int8(w):
+    scales = w.abs().amax(dim=1) / 127
+    return torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
+
+
+def my_int4(w, group_size):
+    N, K = w.shape
+    groups = w.view(N, K // group_size, group_size)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    scales = (hi - lo) / 15
+    codes = torch.round((groups - lo[..., None]) / scales[..., None]).clamp(0, 15)
+    return codes.to(torch.uint8).view(N, K), scales, lo
+
+
+CORRECT = {
+    "append_and_attend": my_append_and_attend,
+    "slot_mapping": my_slot_mapping,
+    "share_block": my_share_block,
+    "preemption_victim": my_victim,
+    "num_tokens_this_step": my_num_tokens,
+    "accept_drafts": my_accept,
+    "int8_weight": my_int8,
+    "int4_weight": my_int4,
+}
+
+
+def test_every_piece_has_a_correct_attempt_here():
+    assert list(CORRECT) == [n for n, p in build.pieces().items() if p.chapter != "A1"]
+
+
+@pytest.mark.parametrize("piece", list(CORRECT))
+def test_a_correct_attempt_passes(piece, setup):
+    result = build.check(piece, CORRECT[piece], setup)
+    assert result.passed, result
+    assert any("ran" in d and "inside the engine" in d for d in result.details), result
+
+
+# -- the package's own function -----------------------------------------------------------------
+
+
+def test_the_package_function_gets_a_nudge_not_a_pass(setup):
+    for fn in (block_table.slot_mapping, pluggable.default("kv_cache.slot_mapping")):
+        assert_fails(build.check("slot_mapping", fn, setup), "package's own", "write it yourself")
+
+
+def test_calling_the_package_function_inside_gets_a_nudge(setup):
+    def wrapper(table, block_size, start, end):
+        return block_table.slot_mapping(table, block_size, start, end)
+
+    assert_fails(build.check("slot_mapping", wrapper, setup), "package's own", "your function calls it")
+
+
+# -- the usual wrong attempts, each with its own message --------------------------------------------
+
+
+def test_slot_mapping_off_by_one(setup):
+    def off_by_one(table, block_size, start, end):
+        return [table[p // block_size] * block_size + p % block_size + 1 for p in range(start, end)]
+
+    result = build.check("slot_mapping", off_by_one, setup)
+    assert not result.passed
+    assert "token" in result.message or "engine failed" in result.message, result
+
+
+def test_slot_mapping_forgetting_the_block_size(setup):
+    def no_multiply(table, block_size, start, end):
+        return [table[p // block_size] + p % block_size for p in range(start, end)]
+
+    assert_fails(build.check("slot_mapping", no_multiply, setup), "greedy tokens differ", "request", "token")
+
+
+def test_slot_mapping_wrong_type_and_length(setup):
+    assert_fails(build.check("slot_mapping", lambda t, b, s, e: torch.arange(s, e), setup), "list of slot numbers")
+    assert_fails(build.check("slot_mapping", lambda t, b, s, e: [0] * (e - s + 1), setup), "returned", "slots")
+    assert_fails(build.check("slot_mapping", lambda t, b, s, e: [0.0] * (e - s), setup), "must be ints")
+
+
+def test_an_exception_in_the_learners_code_is_reported(setup):
+    def broken(table, block_size, start, end):
+        return [table[p // 0] for p in range(start, end)]
+
+    assert_fails(build.check("slot_mapping", broken, setup), "your function raised ZeroDivisionError", "line")
+    assert_fails(build.check("slot_mapping", 42, setup), "expected a function")
+
+
+def test_share_block_forgetting_the_refcount(setup):
+    def no_refcount(block, free_queue):
+        if block.ref_cnt == 0:
+            free_queue.pop(block.block_id)
+
+    assert_fails(build.check("share_block", no_refcount, setup), "ref_cnt")
+
+
+def test_share_block_leaving_the_block_in_the_free_queue(setup):
+    def stays_free(block, free_queue):
+        block.ref_cnt += 1
+
+    assert_fails(build.check("share_block", stays_free, setup), "block pool is inconsistent", "free queue")
+
+
+def test_the_preemption_workload_preempts(setup):
+    assert sum(map(len, reference_run(setup, preempt_args(setup)).preempted)) >= 2
+
+
+def test_preempting_the_oldest_is_caught(setup):
+    assert_fails(build.check("preemption_victim", lambda c: c[0], setup), "preempt", "newer request")
+
+
+def test_preemption_victim_wrong_answers(setup):
+    assert_fails(build.check("preemption_victim", lambda c: len(c) - 1, setup), "not an index")
+    assert_fails(build.check("preemption_victim", lambda c: None, setup), "not one of the candidates")
+
+
+def test_the_chunk_workload_chunks(setup):
+    want = reference_run(setup, CHUNK_ARGS)
+    assert any(n == CHUNK_ARGS["max_num_batched_tokens"] for step in want.schedule for _, n in step)
+    assert any(len(step) > 1 for step in want.schedule)  # prefill chunks beside decodes
+
+
+def test_chunk_budget_ignoring_running_decodes(setup):
+    def per_request(remaining, scheduled, max_batched, chunked):
+        return min(remaining, max_batched)
+
+    assert_fails(build.check("num_tokens_this_step", per_request, setup), "max_num_batched_tokens is", "whole step")
+
+
+def test_chunk_budget_without_chunking(setup):
+    def never_chunk(remaining, scheduled, max_batched, chunked):
+        return remaining if remaining <= max_batched - scheduled else 0
+
+    assert_fails(build.check("num_tokens_this_step", never_chunk, setup), "starved")
+
+
+def test_chunk_budget_one_short(setup):
+    def one_short(remaining, scheduled, max_batched, chunked):
+        left = max_batched - scheduled
+        return remaining if remaining <= left else max(left - 1, 0)
+
+    assert_fails(build.check("num_tokens_this_step", one_short, setup), "the reference scheduler runs")
+
+
+def test_chunk_budget_out_of_range(setup):
+    assert_fails(build.check("num_tokens_this_step", lambda r, s, m, c: r + 1, setup), "tokens left to compute")
+
+
+def test_append_and_attend_forgetting_the_cache(setup):
+    def no_cache(k_cache, v_cache, start, q, k, v, mask):
+        T = q.shape[1]
+        out = my_append_and_attend(k_cache.clone(), v_cache.clone(), start, q, k, v, mask)
+        return out if start == 0 else my_append_and_attend(torch.zeros_like(k_cache), torch.zeros_like(v_cache),
+                                                           start, q, k, v, mask[..., : start + T])
+
+    assert_fails(build.check("append_and_attend", no_cache, setup), "greedy tokens differ", "token 1")
+
+
+def test_append_and_attend_without_the_scale(setup):
+    def unscaled(k_cache, v_cache, start, q, k, v, mask):
+        return my_append_and_attend(k_cache, v_cache, start, q * math.sqrt(q.shape[-1]) * 0.5, k, v, mask)
+
+    assert_fails(build.check("append_and_attend", unscaled, setup), "greedy tokens differ")
+
+
+def test_append_and_attend_wrong_shape(setup):
+    def heads_first(k_cache, v_cache, start, q, k, v, mask):
+        return my_append_and_attend(k_cache, v_cache, start, q, k, v, mask).transpose(1, 2)
+
+    assert_fails(build.check("append_and_attend", heads_first, setup), "q's shape")
+
+
+def accept_rule(accept, resample="residual", bonus=True):
+    def rule(drafts, p, q, generator):
+        out = []
+        for i, d in enumerate(drafts):
+            if torch.rand((), generator=generator) < accept(p[i, d], q[i, d]):
+                out.append(d)
+                continue
+            dist = (p[i] - q[i]).clamp(min=0) if resample == "residual" else p[i]
+            out.append(int(torch.multinomial(dist / dist.sum(), 1, generator=generator)))
+            return out
+        if bonus:
+            out.append(int(torch.multinomial(p[len(drafts)], 1, generator=generator)))
+        return out
+
+    return rule
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        accept_rule(lambda p, q: p),  # forgot to divide by the draft's probability
+        accept_rule(lambda p, q: min(1.0, float(q / p))),  # the ratio upside down
+        accept_rule(lambda p, q: 1.0),  # always accept: the output is the draft's
+        accept_rule(lambda p, q: min(1.0, float(p / q)), resample="target"),  # resample from p, not max(p - q, 0)
+    ],
+    ids=["p", "q_over_p", "always", "resample_from_p"],
+)
+def test_wrong_accept_rules_fail_the_distribution_test(rule, setup):
+    assert_fails(build.check("accept_drafts", rule, setup), "not distributed as the target's", "chi-square")
+
+
+def test_accept_rule_without_the_bonus_token(setup):
+    rule = accept_rule(lambda p, q: min(1.0, float(p / q)), bonus=False)
+    assert_fails(build.check("accept_drafts", rule, setup), "bonus token")
+
+
+def test_accept_rule_min_is_optional_since_u_is_below_one(setup):
+    # u < p/q and u < min(1, p/q) agree for every u in [0, 1): both are the right rule.
+    assert build.check("accept_drafts", accept_rule(lambda p, q: p / q), setup).passed
+
+
+def test_int8_per_tensor(setup):
+    def per_tensor(w):
+        scale = w.abs().max() / 127
+        return torch.round(w / scale).to(torch.int8), scale.expand(w.shape[0]).clone()
+
+    assert_fails(build.check("int8_weight", per_tensor, setup), "per-tensor")
+    assert_fails(build.check("int8_weight", lambda w: (my_int8(w)[0], w.abs().max() / 127), setup), "per tensor")
+
+
+def test_int8_wrong_step_and_truncation(setup):
+    def over_128(w):
+        scales = w.abs().amax(dim=1) / 128
+        return torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
+
+    def truncating(w):
+        codes, scales = my_int8(w)
+        return torch.trunc(w / scales[:, None]).to(torch.int8), scales
+
+    assert_fails(build.check("int8_weight", over_128, setup), "your scale is", "127")
+    assert_fails(build.check("int8_weight", truncating, setup), "half a step")
+
+
+def test_int4_symmetric_and_per_tensor(setup):
+    def symmetric(w, group_size):
+        N, K = w.shape
+        groups = w.view(N, K // group_size, group_size)
+        scales = groups.abs().amax(-1) / 7.5
+        codes = torch.round(groups / scales[..., None] + 7.5).clamp(0, 15)
+        return codes.to(torch.uint8).view(N, K), scales, -7.5 * scales
+
+    def per_row(w, group_size):
+        N, K = w.shape
+        lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+        scales = ((hi - lo) / 15).expand(N, K // group_size).contiguous()
+        codes = torch.round((w - lo) / scales[:, :1]).clamp(0, 15)
+        return codes.to(torch.uint8), scales, lo.expand(N, K // group_size).contiguous()
+
+    assert not build.check("int4_weight", symmetric, setup).passed
+    assert_fails(build.check("int4_weight", per_row, setup), "expected")
+
+
+# -- the whole engine at once ---------------------------------------------------------------------
+
+
+def test_check_all_runs_every_piece_at_once(setup):
+    result = build.check_all(CORRECT, setup)
+    assert result.passed, result
+    partial = build.check_all({"slot_mapping": my_slot_mapping}, setup)
+    assert not partial.passed and "still the package's own" in partial.message
+
+
+def test_check_all_names_the_broken_piece(setup):
+    pieces = dict(CORRECT, share_block=lambda block, free_queue: None)
+    assert_fails(build.check_all(pieces, setup), "ref_cnt")
+
+
+def test_swap_in_leaves_the_engine_as_it_was():
+    table = block_table.BlockTable.of([[3], [5, 1]], 4)
+    rows, positions = np.array([0, 0, 1, 1]), np.array([0, 1, 3, 4])
+    with build.swap_in("slot_mapping", my_slot_mapping):
+        assert table.slot_mapping(rows, positions).tolist() == [12, 13, 23, 4]
+    assert pluggable.num_calls("kv_cache.step_slot_mapping") == 1
+    assert table.slot_mapping(rows, positions).tolist() == [12, 13, 23, 4]  # the package's own again
+    with pytest.raises(KeyError, match="no build piece"):
+        with build.swap_in("nope", my_slot_mapping):
+            pass
+
+
+# -- A1: the decode kernel's online softmax, under the Triton interpreter ---------------------------
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+
+
+@triton.jit
+def _decode_body(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+    stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+    stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+    block_size, num_queries_per_kv, head_dim,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, RESCALE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    context_len = tl.load(context_lens_ptr + seq)
+    group = tl.arange(0, BLOCK_G)
+    dims = tl.arange(0, BLOCK_D)
+    heads = kv_head * num_queries_per_kv + group
+    mask_g, mask_d = group < num_queries_per_kv, dims < head_dim
+    q_mask = mask_g[:, None] & mask_d[None, :]
+    q = tl.load(q_ptr + seq * stride_q_token + heads[:, None] * stride_q_head + dims[None, :], mask=q_mask, other=0.0)
+    q = q.to(tl.float32)
+    best = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_G], dtype=tl.float32)
+    weighted = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    positions = tl.arange(0, BLOCK_N)
+    for start in range(0, context_len, BLOCK_N):
+        pos = start + positions
+        mask_n = pos < context_len
+        block = tl.load(block_tables_ptr + seq * stride_table_seq + pos // block_size, mask=mask_n, other=0)
+        row = block * stride_cache_block + (pos % block_size) * stride_cache_row + kv_head * stride_cache_head
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(v_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        new_best = tl.maximum(best, tl.max(s, axis=1))
+        shrink = tl.exp(best - new_best)
+        if not RESCALE:
+            shrink = shrink * 0.0 + 1.0  # the usual slip: old sums kept against the old maximum
+        e = tl.exp(s - new_best[:, None])
+        total = total * shrink + tl.sum(e, axis=1)
+        weighted = weighted * shrink[:, None] + tl.sum(e[:, :, None] * v[None, :, :], axis=1)
+        best = new_best
+    out = weighted / total[:, None]
+    offset = seq * stride_out_token + heads[:, None] * stride_out_head + dims[None, :]
+    tl.store(out_ptr + offset, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def my_decode_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+    stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+    stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+    block_size, num_queries_per_kv, head_dim,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    _decode_body(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+                 stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+                 stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, True)
+
+
+@triton.jit
+def no_rescale_decode_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+    stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+    stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+    block_size, num_queries_per_kv, head_dim,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    _decode_body(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+                 stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+                 stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, False)
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    from minilm_engine.attention.triton_paged_prefill import is_interpreted
+
+    if not is_interpreted() and not torch.cuda.is_available():
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 (see conftest.py)")
+
+
+@pytest.fixture(scope="module")
+def kernel_setup(setup) -> BuildSetup:
+    # Two prompts longer than a key tile (16), three tokens each: the interpreter is slow.
+    return BuildSetup(model=setup.model, prompts=setup.prompts[:2], max_tokens=3)
+
+
+@pytest.mark.slow  # the interpreter runs every program instance in Python: ~1-2 min on 2 busy cores
+def test_decode_kernel_correct_passes_and_forgetting_the_rescale_fails(kernel_setup, interpreted):
+    result = build.check("decode_kernel", my_decode_kernel, kernel_setup)
+    assert result.passed, result
+    assert_fails(build.check("decode_kernel", no_rescale_decode_kernel, kernel_setup), "greedy tokens differ")
+
+
+def test_decode_kernel_package_kernel_and_wrong_type(setup, interpreted):
+    from minilm_engine.attention.triton_paged_decode import paged_decode_kernel
+
+    assert_fails(build.check("decode_kernel", paged_decode_kernel, setup), "package's own")
+    assert_fails(build.check("decode_kernel", lambda: None, setup), "@triton.jit")
