@@ -65,7 +65,7 @@ def instrument(llm: LLM) -> None:
                 type(module).__name__.startswith("Quantized"):
             module.forward = timed("matmul", module.forward)
     attention_context.PagedAttention.attend = timed("attention", attention_context.PagedAttention.attend)
-    model_runner.sample = timed("sampling", model_runner.sample)
+    model_runner.sample_requests = timed("sampling", model_runner.sample_requests)
     decoder.apply_rotary = timed("rotary", decoder.apply_rotary)
     fused_cpu.apply_rotary = timed("rotary", fused_cpu.apply_rotary)
 
