@@ -13,13 +13,11 @@ import asyncio
 import json
 
 import httpx
-import openai
 import pytest
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.entrypoints.openai import ServerThread
 
-MODEL = "noodle-chef"
+from test_entrypoints_parsing import MODEL, client, server  # noqa: F401  (fixtures: one server per module)
 PROMPTS = ["Order for table 7:\n", "Receipt #7061\n"]
 CHAT = [{"role": "user", "content": "Two bowls of Miso Ramen, please."}]
 
@@ -29,15 +27,6 @@ def llm():
     return LLM(MODEL, device="cpu", record_trace=False)
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ServerThread(LLM(MODEL, device="cpu", record_trace=False)) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def no_leak(server) -> None:
