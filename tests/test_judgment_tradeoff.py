@@ -54,7 +54,7 @@ def test_each_wrong_rule_gets_its_own_message(rule, mistake) -> None:
     result = jt.check(rule)
     assert not result.passed
     assert mistake in result.message, result.message
-    others = {jt.MEAN_ITL, jt.IGNORED_TTFT, jt.BELOW_DECODE_BATCH, jt.MISSED_TARGET, jt.NOT_SWEPT,
+    others = {jt.NOT_PICKED, jt.MEAN_ITL, jt.IGNORED_TTFT, jt.BELOW_DECODE_BATCH, jt.MISSED_TARGET, jt.NOT_SWEPT,
               jt.SAID_NONE, jt.WRONG_TYPE} - {mistake}
     assert not any(f"{o}:" in result.message for o in others), result.message
 
@@ -91,6 +91,7 @@ def test_check_pick_judges_the_learners_own_sweep() -> None:
     assert jt.IGNORED_TTFT in jt.check_pick(16, sweep, target, n).message
     assert "right: no budget" in jt.check_pick(None, sweep, 0.001, n).message
     assert jt.check_pick(None, sweep, 0.001, n).passed
+    assert jt.NOT_PICKED in jt.check_pick(..., sweep, 0.001, n).message  # the notebook's placeholder never passes
 
 
 def test_budget_sweep_measures_the_rows_the_checker_reads() -> None:

@@ -54,6 +54,7 @@ MISSED_TARGET = "P99 ITL over the target"
 NOT_SWEPT = "not a swept budget"
 SAID_NONE = "said none meets the target"
 WRONG_TYPE = "not a budget"
+NOT_PICKED = "not picked yet"
 
 
 def _rows(sweep: list[dict]) -> dict[int, dict]:
@@ -74,6 +75,8 @@ def judge_pick(pick: Any, sweep: list[dict], p99_itl_target_s: float, num_decodi
     meeting = [r for r in rows.values() if _meets(r, p99_itl_target_s, num_decoding)]
     best_ttft = min((r["long_ttft_s"] for r in meeting), default=None)
     target = _ms(p99_itl_target_s)
+    if pick is Ellipsis:
+        return NOT_PICKED, f"{NOT_PICKED}: replace the ... with the budget you would deploy (or None)"
     if pick is None:
         if best_ttft is None:
             return None, f"right: no budget keeps the P99 ITL within {target} (chunking alone cannot do it here)"
