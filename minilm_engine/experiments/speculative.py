@@ -143,16 +143,20 @@ def _stats_of(outputs, k: int) -> SpecDecodingStats:
 
 
 def speedup_table(runs: list[SpecRun]) -> list[dict]:
-    """One row per run: tokens/s and the ratio to the same batch size without speculation (of
-    the median passes; `paired_speedups` gives the paired samples behind an interval)."""
+    """One row per run: tokens/s (of the median pass) and the speed-up over the same batch size
+    without speculation: the median of `paired_speedups` (the samples behind an interval), or
+    the ratio of the passes' tokens/s for a run without timed units."""
     base = {r.batch_size: r for r in runs if r.num_speculative_tokens == 0}
     rows = []
     for r in runs:
+        b = base[r.batch_size]
+        paired = r.unit_seconds and len(r.unit_seconds) == len(b.unit_seconds)
         rows.append({
             "batch_size": r.batch_size,
             "K": r.num_speculative_tokens,
             "tokens_per_s": r.tokens_per_s,
-            "speedup": r.tokens_per_s / base[r.batch_size].tokens_per_s,
+            "speedup": (statistics.median(paired_speedups(runs, r.batch_size, r.num_speculative_tokens))
+                        if paired else r.tokens_per_s / b.tokens_per_s),
             "same_tokens": r.same_tokens,
             "target_forwards": r.num_target_forwards,
             "draft_acceptance_rate": None if r.stats is None else r.stats.draft_acceptance_rate,
