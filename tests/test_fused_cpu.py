@@ -23,7 +23,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 def engines(path, **kwargs) -> tuple[LLM, LLM]:
     args = dict(record_trace=False, kv_cache_memory=8 << 20, **kwargs)
-    return LLM(path, **args), LLM(path, model_backend="fused", **args)
+    return LLM(path, model_backend="reference", **args), LLM(path, model_backend="fused", **args)
 
 
 def test_fused_greedy_equals_the_readable_model_token_for_token(checkpoint, prompts):
@@ -80,9 +80,12 @@ def test_fused_falls_back_with_the_reason_where_it_cannot_run(checkpoints):
 
 def test_the_default_backend_comes_from_the_environment(checkpoints, monkeypatch):
     path, args = checkpoints["llama"].path, dict(record_trace=False, kv_cache_memory=8 << 20)
-    assert LLM(path, **args).model_backend == "reference"  # unset: the readable model
+    monkeypatch.delenv("MINILM_MODEL_BACKEND", raising=False)
+    assert LLM(path, **args).model_backend == "fused"  # unset: the fast path, where it runs
+    monkeypatch.setenv("MINILM_MODEL_BACKEND", "reference")
+    assert LLM(path, **args).model_backend == "reference"
+    assert LLM(path, model_backend="fused", **args).model_backend == "fused"  # the argument wins
     monkeypatch.setenv("MINILM_MODEL_BACKEND", "fused")
-    assert LLM(path, **args).model_backend == "fused"
     assert LLM(path, model_backend="reference", **args).model_backend == "reference"  # the argument wins
     with warnings.catch_warnings():  # where it cannot run it falls back quietly: nobody asked this model
         warnings.filterwarnings("error", message=".*falls back")
