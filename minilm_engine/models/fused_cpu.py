@@ -76,6 +76,26 @@ class FusedLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+class HeadwiseRMSNorm(nn.Module):
+    """Several `decoder.RMSNorm`s of one size applied at once, one per head: x (..., heads, D)
+    -> head h normalised with norms[h]'s weight, by `decoder.RMSNorm`'s steps (the same bits)."""
+
+    def __init__(self, norms: list):
+        super().__init__()
+        eps = {norm.eps for norm in norms}
+        if len(eps) != 1:
+            raise ValueError(f"the norms have different eps {sorted(eps)}: they cannot run as one")
+        self.eps = eps.pop()
+        weight = torch.stack([norm.weight.detach() for norm in norms])  # (heads, D)
+        self.register_buffer("weight", weight, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
 class FusedAttention(nn.Module):
     """`decoder.Attention` with q, k and v from one matmul, and q and k normalised and rotated
     together: the same element-wise arithmetic as the readable model on every element (so the
@@ -90,27 +110,20 @@ class FusedAttention(nn.Module):
         self.o_proj = FusedLinear([attn.o_proj])
         self.qk_dim = (self.num_heads + self.num_kv_heads) * self.head_dim  # q and k, side by side
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-        self.qk_norm_eps = None if q_norm is None else q_norm.eps
+        # Kept as the checkpoint's weights (`LLM.weight_bytes` counts them); the step runs
+        # their per-head expansion, `qk_norm`.
         if q_norm is not None:
-            # Kept as the checkpoint's weights (`LLM.weight_bytes` counts them); the step reads
-            # their per-head expansion below.
             self.q_norm, self.k_norm = q_norm, k_norm
-            if q_norm.eps != k_norm.eps:
-                raise ValueError(f"q_norm eps {q_norm.eps} != k_norm eps {k_norm.eps}: they cannot share one norm")
-            # One RMSNorm over every head of q and k: each head keeps its own norm's weight.
-            weight = torch.cat([q_norm.weight.detach().expand(self.num_heads, -1),
-                                k_norm.weight.detach().expand(self.num_kv_heads, -1)])  # (H + H_kv, D)
-            self.register_buffer("qk_norm_weight", weight.contiguous(), persistent=False)
+        self.qk_norm = None if q_norm is None else HeadwiseRMSNorm(
+            [q_norm] * self.num_heads + [k_norm] * self.num_kv_heads)
 
     def forward(self, x, cos, sin, attn) -> torch.Tensor:
         B, T, _ = x.shape
         qkv = self.qkv_proj(x)  # (B, T, (H + 2 H_kv) D)
         qk = qkv[..., : self.qk_dim].view(B, T, self.num_heads + self.num_kv_heads, self.head_dim)
         v = qkv[..., self.qk_dim :].view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
-        if self.qk_norm_eps is not None:  # decoder.RMSNorm's steps, over q's and k's heads at once
-            dtype, h = qk.dtype, qk.float()
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.qk_norm_eps)
-            qk = self.qk_norm_weight * h.to(dtype)
+        if self.qk_norm is not None:
+            qk = self.qk_norm(qk)
         qk = apply_rotary(qk, cos, sin)  # (B, T, H + H_kv, D)
         q, k = qk[:, :, : self.num_heads], qk[:, :, self.num_heads :]
         out = attn.attend(self.layer_idx, q, k, v)  # (B, T, H, D)
