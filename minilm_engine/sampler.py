@@ -69,17 +69,74 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return torch.softmax(apply_top_k_top_p(scaled, params.top_k, params.top_p), dim=-1)
 
 
-def sample(
+def sample_one_at_a_time(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
 ) -> torch.Tensor:
-    """logits: (B, V) float32 -> (B,) int64 next-token ids."""
+    """The readable reference of `sample`: logits (B, V) float32 -> (B,) int64, one row at a
+    time, each drawn by torch.multinomial with the row's generator."""
     next_tokens = logits.argmax(dim=-1)  # greedy for everyone; sampling rows overwrite below
     for row, (p, gen) in enumerate(zip(params, generators)):
         if p.greedy:
             continue
         next_tokens[row] = torch.multinomial(sampling_probs(logits[row], p), 1, generator=gen)[0]
+    return next_tokens
+
+
+def batched_sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits: (S, V) -> (S, V): `sampling_probs` of every row, computed for all rows at once
+    (row i with params[i]); the same float operations per row, so the same bits.  Only rows
+    that ask for min-p, top-k or top-p pay for them, and only top-p sorts."""
+    temperatures = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
+    scaled = logits / temperatures[:, None]  # (S, V)
+    rows = [i for i, p in enumerate(params) if p.min_p > 0]
+    if rows:
+        min_p = torch.tensor([params[i].min_p for i in rows], dtype=logits.dtype, device=logits.device)
+        probs = torch.softmax(scaled[rows], dim=-1)  # (R, V)
+        scaled[rows] = scaled[rows].masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), float("-inf"))
+    vocab_size = logits.shape[-1]
+    rows = [i for i, p in enumerate(params) if p.top_k and p.top_k < vocab_size]
+    if rows:
+        top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)
+        best = torch.topk(scaled[rows], int(top_k.max()), dim=-1).values  # (R, max k), best first
+        kth_best = best.gather(1, top_k[:, None] - 1)  # (R, 1)
+        scaled[rows] = scaled[rows].masked_fill(scaled[rows] < kth_best, float("-inf"))
+    rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if rows:
+        top_p = torch.tensor([params[i].top_p for i in rows], dtype=logits.dtype, device=logits.device)
+        sorted_logits, order = torch.sort(scaled[rows], dim=-1, descending=True)  # (R, V)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # as in apply_top_k_top_p: drop a token once the tokens ranked above it reach top_p
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = mass_before >= top_p[:, None]
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        scaled[rows] = scaled[rows].masked_fill(drop, float("-inf"))
+    return torch.softmax(scaled, dim=-1)
+
+
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> torch.Tensor:
+    """logits: (B, V) float32 -> (B,) int64 next-token ids, all sampling rows at once.
+
+    The draw is torch.multinomial's own for one sample, done for the whole batch: token =
+    argmax(p / q) with q ~ Exp(1) (the exponential race: P(argmax = i) = p_i), each row's q
+    drawn from that row's generator exactly as multinomial draws it.  So a request gets the
+    token `sample_one_at_a_time` gives it, whoever shares its batch (tests check this)."""
+    next_tokens = logits.argmax(dim=-1)  # greedy for everyone; sampling rows overwrite below
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return next_tokens
+    probs = batched_sampling_probs(logits[rows], [params[i] for i in rows])  # (S, V)
+    if not bool(torch.isfinite(probs).all()):  # what multinomial refuses too
+        raise RuntimeError("invalid sampling distribution (inf, nan or every token masked)")
+    race = torch.empty_like(probs)
+    for j, i in enumerate(rows):
+        race[j].exponential_(1, generator=generators[i])  # the row's own stream, as multinomial draws
+    next_tokens[rows] = torch.div(probs, race, out=race).argmax(dim=-1)
     return next_tokens
 
 
