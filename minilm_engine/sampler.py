@@ -112,6 +112,8 @@ def batched_sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -
         drop_sorted = mass_before >= top_p[:, None]
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         scaled[rows] = scaled[rows].masked_fill(drop, float("-inf"))
+    if not bool(torch.isfinite(scaled.amax(dim=-1)).all()):  # what multinomial refuses too
+        raise RuntimeError("invalid sampling distribution (inf or nan logits, or every token masked)")
     return torch.softmax(scaled, dim=-1)
 
 
@@ -130,9 +132,8 @@ def sample(
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
         return next_tokens
-    probs = batched_sampling_probs(logits[rows], [params[i] for i in rows])  # (S, V)
-    if not bool(torch.isfinite(probs).all()):  # what multinomial refuses too
-        raise RuntimeError("invalid sampling distribution (inf, nan or every token masked)")
+    sampling = logits if len(rows) == len(params) else logits[rows]  # (S, V)
+    probs = batched_sampling_probs(sampling, [params[i] for i in rows])  # (S, V)
     race = torch.empty_like(probs)
     for j, i in enumerate(rows):
         race[j].exponential_(1, generator=generators[i])  # the row's own stream, as multinomial draws
