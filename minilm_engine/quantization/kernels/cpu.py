@@ -5,7 +5,7 @@ Contract: `CPUKernel.linear(layer, x)` equals the reference up to float rounding
 torch runs on, with one copy of each weight in memory.
 
     rows of x           what runs                                     why
-    int8 <= 12,         aten._weight_int8pack_mm /                    they read int8 / packed int4
+    int8 <= 16,         aten._weight_int8pack_mm /                    they read int8 / packed int4
     int4 <= 96,         _weight_int4pack_mm_for_cpu                   straight from memory and
     bf16 activations    (decode of a few or a few dozen requests)     dequantize in registers
     more                dequantize into scratch buffers the kernel    the operators' cost grows with
@@ -19,7 +19,7 @@ torch runs on, with one copy of each weight in memory.
     fp32 always takes the scratch path.  The crossovers for bf16 come from
     `benchmarks/quantization_kernels.py` (one decoder layer's Qwen3-0.6B projections, every path
     at every row count, rotating repeats, on a shared 2-core AVX-512 CPU): int8 codes convert
-    to floats in one cheap pass, so dequantize+matmul wins from ~12-16 rows; int4 codes must be
+    to floats in one cheap pass, so dequantize+matmul wins from ~16-24 rows; int4 codes must be
     unpacked from the operator's tiles and scaled per group, so the operator wins up to ~64-128.
     Outputs agree either way (up to float rounding): tests run both sides of each threshold.
 
@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 from .. import schemes
 
-CPU_OP_MAX_ROWS = {"int8": 12, "int4": 96}  # up to this many rows of x, the operators; beyond, BLAS
+CPU_OP_MAX_ROWS = {"int8": 16, "int4": 96}  # up to this many rows of x, the operators; beyond, BLAS
 OPERATOR_DTYPES = (torch.bfloat16,)  # activations the operators are fast for (others: BLAS always)
 INT4_ROW_PAD = 64  # N is padded to a multiple of this: whole tiles for BLOCK_N 32 and 64
 SCRATCH_MAX_ELEMENTS = 1 << 22  # the scratch holds at most 4 Mi weights: bigger layers go in row tiles
