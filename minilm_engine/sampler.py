@@ -69,17 +69,98 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return torch.softmax(apply_top_k_top_p(scaled, params.top_k, params.top_p), dim=-1)
 
 
-def sample(
+CPU_CHUNK_BYTES = 1 << 21  # float32 logits per chunk of rows on a CPU: about an L2 cache
+
+
+def sample_one_at_a_time(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
 ) -> torch.Tensor:
-    """logits: (B, V) float32 -> (B,) int64 next-token ids."""
+    """The readable reference of `sample`: logits (B, V) float32 -> (B,) int64, one row at a
+    time, each drawn by torch.multinomial with the row's generator."""
     next_tokens = logits.argmax(dim=-1)  # greedy for everyone; sampling rows overwrite below
     for row, (p, gen) in enumerate(zip(params, generators)):
         if p.greedy:
             continue
         next_tokens[row] = torch.multinomial(sampling_probs(logits[row], p), 1, generator=gen)[0]
+    return next_tokens
+
+
+def _take(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """x[rows], without a copy when `rows` is every row."""
+    return x if len(rows) == x.shape[0] else x[rows]
+
+
+def _put(x: torch.Tensor, rows: list[int], values: torch.Tensor) -> torch.Tensor:
+    """x with `values` in `rows` (`values` itself when `rows` is every row)."""
+    if len(rows) == x.shape[0]:
+        return values
+    x[rows] = values
+    return x
+
+
+def batched_sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits: (S, V) -> (S, V): `sampling_probs` of every row, computed for all rows at once
+    (row i with params[i]); the same float operations per row, so the same bits.  Only rows
+    that ask for min-p, top-k or top-p pay for them, and only top-p sorts."""
+    temperatures = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
+    scaled = logits / temperatures[:, None]  # (S, V)
+    rows = [i for i, p in enumerate(params) if p.min_p > 0]
+    if rows:
+        min_p = torch.tensor([params[i].min_p for i in rows], dtype=logits.dtype, device=logits.device)
+        some = _take(scaled, rows)  # (R, V)
+        probs = torch.softmax(some, dim=-1)
+        scaled = _put(scaled, rows, some.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), float("-inf")))
+    vocab_size = logits.shape[-1]
+    rows = [i for i, p in enumerate(params) if p.top_k and p.top_k < vocab_size]
+    if rows:
+        top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)
+        some = _take(scaled, rows)  # (R, V)
+        best = torch.topk(some, int(top_k.max()), dim=-1).values  # (R, max k), best first
+        kth_best = best.gather(1, top_k[:, None] - 1)  # (R, 1)
+        scaled = _put(scaled, rows, some.masked_fill(some < kth_best, float("-inf")))
+    rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if rows:
+        top_p = torch.tensor([params[i].top_p for i in rows], dtype=logits.dtype, device=logits.device)
+        some = _take(scaled, rows)  # (R, V)
+        sorted_logits, order = torch.sort(some, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # as in apply_top_k_top_p: drop a token once the tokens ranked above it reach top_p
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = mass_before >= top_p[:, None]
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        scaled = _put(scaled, rows, some.masked_fill(drop, float("-inf")))
+    if not bool(torch.isfinite(scaled.amax(dim=-1)).all()):  # what multinomial refuses too
+        raise RuntimeError("invalid sampling distribution (inf or nan logits, or every token masked)")
+    return torch.softmax(scaled, dim=-1)
+
+
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> torch.Tensor:
+    """logits: (B, V) float32 -> (B,) int64 next-token ids, all sampling rows at once.
+
+    The draw is torch.multinomial's own for one sample, done for the whole batch: token =
+    argmax(p / q) with q ~ Exp(1) (the exponential race: P(argmax = i) = p_i), each row's q
+    drawn from that row's generator exactly as multinomial draws it.  So a request gets the
+    token `sample_one_at_a_time` gives it, whoever shares its batch (tests check this)."""
+    next_tokens = logits.argmax(dim=-1)  # greedy for everyone; sampling rows overwrite below
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    # On a CPU, (rows, vocab) passes that outgrow the cache cost more than they save (measured
+    # by benchmarks/sampler_cost.py: all 64 rows of a 151,936 vocabulary at once were slower
+    # than one at a time), so rows go in chunks of about CPU_CHUNK_BYTES; elsewhere all at once.
+    chunk = len(rows) if logits.device.type != "cpu" else max(1, CPU_CHUNK_BYTES // (4 * logits.shape[-1]))
+    for start in range(0, len(rows), chunk):
+        some = rows[start : start + chunk]
+        sampling = logits if len(some) == len(params) else logits[some]  # (S, V)
+        probs = batched_sampling_probs(sampling, [params[i] for i in some])  # (S, V)
+        race = torch.empty_like(probs)
+        for j, i in enumerate(some):
+            race[j].exponential_(1, generator=generators[i])  # the row's own stream, as multinomial draws
+        next_tokens[some] = torch.div(probs, race, out=race).argmax(dim=-1)
     return next_tokens
 
 

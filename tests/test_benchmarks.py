@@ -167,3 +167,17 @@ def test_disaggregation_benchmark_prints_every_cell_and_the_same_tokens(tmp_path
     assert len(data["runs"]) == 6 and data["same_tokens"]
     disagg = data["summary"][2]
     assert disagg["kv_tokens"] + disagg["kv_cached_tokens"] > 0 and data["summary"][0]["kv_mib"] == 0
+
+
+def test_quantization_kernels_benchmark_names_both_thresholds():
+    out = run([sys.executable, "quantization_kernels.py", "--rows", "1,20", "--repeats", "1", "--calls", "1"],
+              ROOT / "benchmarks").stdout
+    assert [line.split()[0] for line in out.splitlines() if line.split()[:1] in (["1"], ["20"])] == ["1", "20"], out
+    assert "int8: dequantize+matmul beats the operator from" in out and "int4: dequantize" in out, out
+
+
+def test_sampler_cost_benchmark_compares_both_samplers():
+    out = run([sys.executable, "sampler_cost.py", "--rows", "8", "--vocab", "500", "--repeats", "2"],
+              ROOT / "benchmarks").stdout
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["8"]]
+    assert len(rows) == 5 and all(row[-1].endswith("x") for row in rows), out

@@ -13,6 +13,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -132,6 +133,32 @@ def test_cpu_kernel_in_bfloat16(config):
         torch.testing.assert_close(fast(x).float(), reference(x).float(), rtol=2e-2, atol=3e-2)
 
 
+@pytest.mark.parametrize("config", [QuantizationConfig("int8", group_size=None, scale_dtype="bfloat16"),
+                                    QuantizationConfig("int4", group_size=128, scale_dtype="bfloat16")])
+def test_cpu_kernel_equals_the_reference_around_its_threshold(config, monkeypatch):
+    """bf16, at row counts on both sides of the operator/dequantize switch: each path ran where
+    the threshold says, and each equals the dequantize-then-matmul reference."""
+    from minilm_engine.quantization.kernels import cpu
+
+    torch.manual_seed(0)
+    linear = nn.Linear(320, 200, bias=True).bfloat16()  # K padded to 384 for int4; N to 256
+    reference = QuantizedLinear.from_linear(linear, config)
+    fast = QuantizedLinear.from_linear(linear, config)
+    kernel = make_kernel("cpu")
+    kernel.prepare(fast)
+    fast.kernel = kernel
+    calls = []
+    many_rows = kernel._many_rows
+    monkeypatch.setattr(kernel, "_many_rows", lambda layer, x: calls.append(x.shape[0]) or many_rows(layer, x))
+    most = cpu.CPU_OP_MAX_ROWS[config.scheme]
+    for M in (1, 4, most - 1, most, most + 1, 2 * most + 3):
+        x = torch.randn(M, 320).bfloat16()
+        expected = F.linear(x.float(), reference.dequantized_weight().float(), linear.bias.float())
+        torch.testing.assert_close(fast(x).float(), expected, rtol=2e-2, atol=3e-2)
+        torch.testing.assert_close(fast(x).float(), reference(x).float(), rtol=2e-2, atol=3e-2)
+    assert calls == [most + 1] * 2 + [2 * most + 3] * 2  # the operators below, dequantize above
+
+
 def test_quantized_layer_is_close_to_the_original():
     torch.manual_seed(0)
     linear = nn.Linear(256, 64, bias=False)
@@ -158,18 +185,35 @@ def test_awq_search_never_loses_to_round_to_nearest():
 
 @pytest.mark.parametrize("N,K", [(64, 64), (128, 320), (192, 256)])
 def test_cpu_int4_layout_is_learned_from_the_operator(N, K):
-    """Whatever tiling torch's packing uses on this CPU, one of the known ones reproduces it
-    (AVX2 and AVX-512 differ), and reading it back gives the codes: no ISA is assumed."""
-    from minilm_engine.quantization.kernels.cpu import from_cpu_int4_layout, learn_block_n, to_cpu_int4_layout
+    """Whatever packing torch uses on this CPU, one of the known ones reproduces it (AVX2,
+    AVX-512 and the non-vectorized build differ), and reading it back gives the codes: no ISA
+    is assumed."""
+    from minilm_engine.quantization.kernels.cpu import (
+        KNOWN_INT4_LAYOUTS, from_cpu_int4_layout, learn_int4_layout, to_cpu_int4_layout)
 
     codes = torch.randint(0, 16, (N, K), dtype=torch.int32)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    block_n = learn_block_n(codes, packed)
-    assert block_n is not None, "torch packs int4 in a tiling this kernel does not know"
-    assert torch.equal(to_cpu_int4_layout(codes, block_n), packed)
-    assert torch.equal(from_cpu_int4_layout(packed, block_n).int(), codes)
-    other = next(b for b in (32, 64) if b != block_n)
-    assert not torch.equal(to_cpu_int4_layout(codes, other), packed)  # the choice matters
+    layout = learn_int4_layout(codes, packed)
+    assert layout is not None, "torch packs int4 in a tiling this kernel does not know"
+    assert torch.equal(to_cpu_int4_layout(codes, layout), packed)
+    assert torch.equal(from_cpu_int4_layout(packed, layout).int(), codes)
+    others = [other for other in KNOWN_INT4_LAYOUTS if other != layout and N % other.block_n == 0]
+    assert all(not torch.equal(to_cpu_int4_layout(codes, other), packed) for other in others)  # the choice matters
+
+
+@pytest.mark.parametrize("layout_index", [0, 1, 2])
+def test_every_known_int4_layout_reads_back_its_codes(layout_index):
+    """The pure packing functions, for every known layout whatever this CPU packs: W.T read
+    back from the packed bytes is the codes transposed, in any output dtype."""
+    from minilm_engine.quantization.kernels.cpu import (
+        KNOWN_INT4_LAYOUTS, to_cpu_int4_layout, unpack_cpu_int4_transposed)
+
+    layout = KNOWN_INT4_LAYOUTS[layout_index]
+    codes = torch.randint(0, 16, (128, 96), dtype=torch.int32)
+    packed = to_cpu_int4_layout(codes, layout)
+    for dtype in (torch.uint8, torch.bfloat16, torch.float32):
+        out = torch.empty(96, 128, dtype=dtype)
+        assert torch.equal(unpack_cpu_int4_transposed(packed, layout, out), codes.t().to(dtype))
 
 
 @pytest.mark.parametrize("config", [INT8, INT4_G32])
@@ -207,7 +251,7 @@ def test_cpu_kernel_many_rows_in_tiles_equal_the_reference(config, monkeypatch):
     for M in (1, most, most + 1, most + 40):
         x = torch.randn(M, 320)
         torch.testing.assert_close(fast(x), reference(x), rtol=1e-5, atol=1e-5)
-    assert kernel._scratch.numel() <= 64 * 320
+    assert all(s.numel() <= 64 * 320 for s in kernel._scratch.values())
 
 
 def test_cpu_kernel_on_an_unknown_int4_packing_still_equals_the_reference(monkeypatch):
@@ -215,7 +259,7 @@ def test_cpu_kernel_on_an_unknown_int4_packing_still_equals_the_reference(monkey
     many-row path reads the weight through the operator itself."""
     from minilm_engine.quantization.kernels import cpu
 
-    monkeypatch.setattr(cpu, "INT4_BLOCK_NS", ())
+    monkeypatch.setattr(cpu, "KNOWN_INT4_LAYOUTS", ())
     torch.manual_seed(0)
     linear = nn.Linear(64, 96, bias=False)
     reference = QuantizedLinear.from_linear(linear, INT4_G32)
@@ -224,7 +268,7 @@ def test_cpu_kernel_on_an_unknown_int4_packing_still_equals_the_reference(monkey
     with pytest.warns(UserWarning, match="not one this kernel knows"):
         kernel.prepare(fast)
     fast.kernel = kernel
-    assert fast.cpu_block_n is None and not hasattr(fast, "qweight")
+    assert fast.cpu_int4_layout is None and not hasattr(fast, "qweight")
     for M in (1, cpu.CPU_OP_MAX_ROWS["int4"] + 1):
         x = torch.randn(M, 64)
         torch.testing.assert_close(fast(x), reference(x), rtol=1e-5, atol=1e-5)

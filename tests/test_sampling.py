@@ -306,3 +306,52 @@ def test_sampled_output_does_not_depend_on_the_batch(checkpoints, prompts, strat
     mixed = [params[3], SamplingParams(temperature=0, max_tokens=4), params[0]]
     got = token_ids(llm.generate([prompts[3], prompts[1], prompts[0]], mixed, use_tqdm=False))
     assert got[0] == expected[3] and got[2] == expected[0]
+
+
+# ---------------------------------------------------------------------- batched == one at a time
+row_params = st.builds(
+    SamplingParams,
+    temperature=st.sampled_from([0.0, 0.3, 0.7, 1.0, 1.5]),
+    top_k=st.sampled_from([0, 1, 2, 5, 17]),
+    top_p=st.sampled_from([1.0, 0.95, 0.5, 0.1]),
+    min_p=st.sampled_from([0.0, 0.05, 0.3]),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(params=st.lists(row_params, min_size=1, max_size=9), seed=st.integers(0, 2**31), ties=st.booleans())
+def test_batched_sample_is_the_one_at_a_time_draw(params, seed, ties):
+    """`sample` draws the whole batch at once; every row still gets exactly the token the
+    readable per-row reference (torch.multinomial with that row's generator) gives it, for any
+    mix of greedy, temperature, min-p, top-k and top-p rows, and with the generators advanced
+    the same way.  `ties`: logits rounded through bf16, as a bf16 model's are (many equal)."""
+    from minilm_engine.sampler import sample_one_at_a_time
+
+    logits = torch.randn(len(params), 300, generator=torch.Generator().manual_seed(seed)) * 3
+    if ties:
+        logits = logits.bfloat16().float()
+    for _ in range(2):  # a second step: the generators must have advanced alike
+        gens_a = [torch.Generator().manual_seed(seed + i) for i in range(len(params))]
+        gens_b = [torch.Generator().manual_seed(seed + i) for i in range(len(params))]
+        expected = sample_one_at_a_time(logits, params, gens_a).tolist()
+        assert sample(logits, params, gens_b).tolist() == expected
+        assert [g.initial_seed() for g in gens_a] == [g.initial_seed() for g in gens_b]
+        assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(gens_a, gens_b))
+
+
+def test_batched_sampling_probs_are_the_per_row_ones():
+    from minilm_engine.sampler import batched_sampling_probs, sampling_probs
+
+    torch.manual_seed(0)
+    logits = (torch.randn(6, 1000) * 4).bfloat16().float()
+    params = [SamplingParams(temperature=0.8), SamplingParams(top_k=40), SamplingParams(top_p=0.9, min_p=0.05),
+              SamplingParams(temperature=1.3, top_k=3, top_p=0.5), SamplingParams(min_p=0.2), SamplingParams(top_k=1000)]
+    batched = batched_sampling_probs(logits, params)
+    for row, p in enumerate(params):
+        assert torch.equal(batched[row], sampling_probs(logits[row], p))
+
+
+def test_batched_sample_refuses_an_invalid_distribution():
+    logits = torch.full((2, 5), float("-inf"))
+    with pytest.raises(RuntimeError, match="invalid"):
+        sample(logits, [SamplingParams(temperature=1.0)] * 2, [None, None])

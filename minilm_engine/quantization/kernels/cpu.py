@@ -5,21 +5,23 @@ Contract: `CPUKernel.linear(layer, x)` equals the reference up to float rounding
 torch runs on, with one copy of each weight in memory.
 
     rows of x           what runs                                     why
-    int8 <= 8,          aten._weight_int8pack_mm /                    they read int8 / packed int4
-    int4 <= 64,         _weight_int4pack_mm_for_cpu                   straight from memory and
+    int8 <= 16,         aten._weight_int8pack_mm /                    they read int8 / packed int4
+    int4 <= 96,         _weight_int4pack_mm_for_cpu                   straight from memory and
     bf16 activations    (decode of a few or a few dozen requests)     dequantize in registers
-    more                dequantize into one scratch buffer the        the operators' cost grows with
-                        kernel reuses (no allocation per call), one   every row (~0.04 ms a row for a
-                        BLAS matmul (prefill, perplexity runs)        3072 x 1024 layer, on AVX-512),
-                                                                      BLAS's barely does
+    more                dequantize into scratch buffers the kernel    the operators' cost grows with
+                        reuses (no allocation per call), one          every row (~0.04 ms a row for a
+                        BLAS matmul (prefill, perplexity runs)        3072 x 1024 layer, on AVX-512:
+                                                                      they are compute-bound beyond
+                                                                      ~4 rows), oneDNN's barely does
 
     With fp32 activations (the CPU default) the operators are not vectorized: at one row of a
     3072 x 1024 layer, 1.0 ms (int8) and 2.6 ms (int4) against 0.56 ms for the scratch path, so
-    fp32 always takes the scratch path.  The crossovers for bf16, measured on a 2-core AVX-512
-    CPU (3072 x 1024 layer):
-    int8 codes convert to floats in one cheap pass (~0.25 ms), so BLAS wins from ~10 rows; int4
-    codes must be unpacked from the operator's tiles and scaled per group (~2.3 ms), so the
-    operator wins up to ~80 rows.  Outputs agree either way (up to float rounding).
+    fp32 always takes the scratch path.  The crossovers for bf16 come from
+    `benchmarks/quantization_kernels.py` (one decoder layer's Qwen3-0.6B projections, every path
+    at every row count, rotating repeats, on a shared 2-core AVX-512 CPU): int8 codes convert
+    to floats in one cheap pass, so dequantize+matmul wins from ~16-24 rows; int4 codes must be
+    unpacked from the operator's tiles and scaled per group, so the operator wins up to ~64-128.
+    Outputs agree either way (up to float rounding): tests run both sides of each threshold.
 
     int8: _weight_int8pack_mm(x (M, K), qweight (N, K) int8, scales (N,)) reads our canonical
           layout as it is; many rows: y = (x @ codes.T) * scales, the per-channel scale applied
@@ -27,29 +29,47 @@ torch runs on, with one copy of each weight in memory.
     int4: _weight_int4pack_mm_for_cpu(x (M, K_padded), packed, group_size, scales_and_zeros)
           wants its own tiled packing, made by torch's own _convert_weight_to_int4pack_for_cpu,
           and (G, N, 2) pairs meaning w = (q - 8) * scale + zero, so zero = offset + 8 * scale in
-          our terms.  That packing differs between CPUs: tiles of BLOCK_N rows, for each input
-          k the BLOCK_N / 2 bytes `row d | row d + BLOCK_N / 2 << 4`, with BLOCK_N 32 on AVX2
-          and 64 on AVX-512.  `prepare` pads N to a multiple of 64 (so every tile is whole, on
-          either CPU), packs with the operator, and *learns* which BLOCK_N it used by comparing
-          with `to_cpu_int4_layout`; the canonical buffers are then dropped.  On a CPU whose
-          packing is neither, it keeps only the packed weight too, and dequantizes for many rows
-          by running the operator on an identity matrix (slow, exact, and said in a warning).
+          our terms.  That packing differs between CPUs (`Int4Layout`): tiles of BLOCK_N rows,
+          for each input k BLOCK_N / 2 bytes each holding two rows, rows (d, d + BLOCK_N / 2)
+          with BLOCK_N 32 on AVX2 and 64 on AVX-512, rows (2d, 2d + 1) with BLOCK_N 32 when
+          torch runs without vector code (ATEN_CPU_CAPABILITY=default).  `prepare` pads N to a
+          multiple of 64 (so every tile is whole, on any of them), packs with the operator, and
+          *learns* which layout it used by comparing with `to_cpu_int4_layout`; the canonical
+          buffers are then dropped.  On a CPU whose packing is none of these, it keeps only the
+          packed weight too, and dequantizes for many rows by running the operator on an
+          identity matrix (slow, exact, and said in a warning).  Many rows read the packing
+          back as W.T (K, N): inside a tile it is k-major, so W.T is written in contiguous runs.
 """
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from .. import schemes
 
-CPU_OP_MAX_ROWS = {"int8": 8, "int4": 64}  # up to this many rows of x, the operators; beyond, BLAS
+CPU_OP_MAX_ROWS = {"int8": 16, "int4": 96}  # up to this many rows of x, the operators; beyond, BLAS
 OPERATOR_DTYPES = (torch.bfloat16,)  # activations the operators are fast for (others: BLAS always)
 INT4_ROW_PAD = 64  # N is padded to a multiple of this: whole tiles for BLOCK_N 32 and 64
-INT4_BLOCK_NS = (32, 64)  # the packings torch's CPU operator is known to use (AVX2, AVX-512)
 SCRATCH_MAX_ELEMENTS = 1 << 22  # the scratch holds at most 4 Mi weights: bigger layers go in row tiles
+
+
+@dataclass(frozen=True)
+class Int4Layout:
+    """How torch's CPU packing orders int4 codes: tiles of `block_n` weight rows; in a tile,
+    for each input k, block_n / 2 bytes, byte d holding two rows (the first in the low nibble):
+    rows (d, d + block_n / 2) when `pairs` is False (AVX2: 32, AVX-512: 64), rows (2d, 2d + 1)
+    when it is True (a torch run without vector code: ATEN_CPU_CAPABILITY=default)."""
+
+    block_n: int
+    pairs: bool = False
+
+
+# The packings torch's CPU operator is known to use: AVX-512, AVX2, non-vectorized.
+KNOWN_INT4_LAYOUTS = (Int4Layout(64), Int4Layout(32), Int4Layout(32, pairs=True))
 
 
 def unavailable_reason() -> str | None:
@@ -63,38 +83,54 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def to_cpu_int4_layout(codes: torch.Tensor, block_n: int) -> torch.Tensor:
+def _nibble_view(t: torch.Tensor, layout: Int4Layout) -> torch.Tensor:
+    """(n, *rest) with n a multiple of block_n -> (tiles, 2, half, *rest): [:, 0] the rows
+    that go to the low nibbles, [:, 1] the high ones, each in byte order d."""
+    half = layout.block_n // 2
+    if layout.pairs:
+        return t.view(-1, half, 2, *t.shape[1:]).transpose(1, 2)  # row 2d + j -> [j, d]
+    return t.view(-1, 2, half, *t.shape[1:])  # row j * half + d -> [j, d]
+
+
+def to_cpu_int4_layout(codes: torch.Tensor, layout: Int4Layout) -> torch.Tensor:
     """(N, K) codes, N a multiple of block_n -> (N, K / 2) uint8 in the operator's tiled order.
 
         tile t = rows [t * block_n, (t + 1) * block_n),  half = block_n / 2
-        bytes of tile t, input k:  [ row d | row d + half << 4  for d in 0 .. half - 1 ]
+        bytes of tile t, input k:  [ low row of d | high row of d << 4  for d in 0 .. half - 1 ]
     """
     N, K = codes.shape
-    half = block_n // 2
-    b = codes.to(torch.uint8).view(N // block_n, 2, half, K)  # (tiles, low/high, d, k)
-    packed = b[:, 0] | (b[:, 1] << 4)  # (tiles, d, k)
+    b = _nibble_view(codes.to(torch.uint8), layout)  # (tiles, low/high, d, K)
+    packed = b[:, 0] | (b[:, 1] << 4)  # (tiles, d, K)
     return packed.transpose(1, 2).contiguous().view(N, K // 2)
 
 
-def from_cpu_int4_layout(packed: torch.Tensor, block_n: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The inverse: (N, K / 2) uint8 in the operator's order -> (N, K) codes (uint8, or written
-    into `out`, any dtype, converted on the way)."""
-    N, K = packed.shape[0], packed.shape[1] * 2
-    half = block_n // 2
-    b = packed.view(N // block_n, K, half)  # (tiles, k, d)
-    if out is None:
-        out = torch.empty(N, K, dtype=torch.uint8, device=packed.device)
-    view = out.view(N // block_n, 2, half, K)  # (tiles, low/high, d, k)
-    view[:, 0].copy_((b & 0x0F).transpose(1, 2))
-    view[:, 1].copy_((b >> 4).transpose(1, 2))
+def unpack_cpu_int4_transposed(packed: torch.Tensor, layout: Int4Layout, out: torch.Tensor) -> torch.Tensor:
+    """(n, K / 2) uint8 in the operator's order, n a multiple of block_n -> the codes
+    transposed, (K, n), written into `out` (any dtype, converted on the way).
+
+    Transposed because the packing is k-major inside a tile: writing W.T copies runs of
+    block_n / 2 contiguous bytes, where writing W would gather one byte every block_n / 2."""
+    n, K = packed.shape[0], packed.shape[1] * 2
+    b = packed.view(n // layout.block_n, K, layout.block_n // 2).transpose(0, 1)  # (k, tiles, d)
+    view = _nibble_view(out.t(), layout)  # (tiles, low/high, d, K) of out's memory
+    view = view.permute(3, 0, 1, 2)  # (K, tiles, low/high, d)
+    view[:, :, 0].copy_(b & 0x0F)
+    view[:, :, 1].copy_(b >> 4)
     return out
 
 
-def learn_block_n(codes: torch.Tensor, packed: torch.Tensor) -> int | None:
-    """Which known tiling turned `codes` (N, K) into `packed`, or None if none did."""
-    for block_n in INT4_BLOCK_NS:
-        if codes.shape[0] % block_n == 0 and torch.equal(packed, to_cpu_int4_layout(codes, block_n)):
-            return block_n
+def from_cpu_int4_layout(packed: torch.Tensor, layout: Int4Layout) -> torch.Tensor:
+    """The inverse of `to_cpu_int4_layout`: (N, K / 2) uint8 -> (N, K) codes (uint8)."""
+    N, K = packed.shape[0], packed.shape[1] * 2
+    out = torch.empty(K, N, dtype=torch.uint8, device=packed.device)
+    return unpack_cpu_int4_transposed(packed, layout, out).t().contiguous()
+
+
+def learn_int4_layout(codes: torch.Tensor, packed: torch.Tensor) -> Int4Layout | None:
+    """Which known packing turned `codes` (N, K) into `packed`, or None if none did."""
+    for layout in KNOWN_INT4_LAYOUTS:
+        if codes.shape[0] % layout.block_n == 0 and torch.equal(packed, to_cpu_int4_layout(codes, layout)):
+            return layout
     return None
 
 
@@ -102,12 +138,12 @@ class CPUKernel:
     """Holds one scratch buffer (grown on demand, reused by every layer) for the many-row path.
     Invariant after `prepare`: an int8 layer keeps its canonical buffers; an int4 layer holds
     only `cpu_qweight` (N_padded, K_padded / 2) and `cpu_scales_and_zeros` (G, N_padded, 2),
-    with `layer.cpu_block_n` the tiling learned from the operator (None: an unknown one)."""
+    with `layer.cpu_int4_layout` the packing learned from the operator (None: an unknown one)."""
 
     name = "cpu"
 
     def __init__(self):
-        self._scratch: torch.Tensor | None = None
+        self._scratch: dict[str, torch.Tensor] = {}  # "weights": the float weight; "codes": uint8
 
     def prepare(self, layer) -> None:
         if layer.scheme == "int8":
@@ -119,11 +155,11 @@ class CPUKernel:
         zeros = layer.offsets + 8 * layer.scales  # the operator centres codes on 8
         scales_and_zeros = torch.stack([layer.scales.t(), zeros.t()], dim=-1)  # (G, N, 2)
         scales_and_zeros = F.pad(scales_and_zeros, (0, 0, 0, num_pad)).contiguous()  # (G, N_padded, 2)
-        layer.cpu_block_n = learn_block_n(codes, packed)
-        if layer.cpu_block_n is None:
+        layer.cpu_int4_layout = learn_int4_layout(codes, packed)
+        if layer.cpu_int4_layout is None:
             warnings.warn(
                 "torch's int4 CPU packing on this machine is not one this kernel knows "
-                f"(tiles of {INT4_BLOCK_NS} rows); decode keeps the fast operator, but inputs of "
+                f"({KNOWN_INT4_LAYOUTS}); decode keeps the fast operator, but inputs of "
                 f"more than {CPU_OP_MAX_ROWS['int4']} rows dequantize slowly through it",
                 stacklevel=2,
             )
@@ -133,39 +169,51 @@ class CPUKernel:
             delattr(layer, name)  # one copy of the weight: the operator's
 
     # ------------------------------------------------------------------ dequantize
-    def scratch(self, num_elements: int, dtype: torch.dtype) -> torch.Tensor:
-        """A flat buffer of at least `num_elements` in `dtype`, reused across calls and layers."""
-        s = self._scratch
+    def scratch(self, num_elements: int, dtype: torch.dtype, role: str = "weights") -> torch.Tensor:
+        """A flat buffer of at least `num_elements` in `dtype`, reused across calls and layers
+        (one per `role`)."""
+        s = self._scratch.get(role)
         # An inference-mode tensor cannot be written outside inference mode (nor the reverse
         # be saved for autograd), so a change of mode takes a fresh buffer.
         if s is None or s.dtype != dtype or s.numel() < num_elements or s.is_inference() != torch.is_inference_mode_enabled():
-            self._scratch = torch.empty(num_elements, dtype=dtype)
-        return self._scratch[:num_elements]
+            s = self._scratch[role] = torch.empty(num_elements, dtype=dtype)
+        return s[:num_elements]
 
-    def dequantize(self, layer, dtype: torch.dtype | None = None, rows: slice | None = None) -> torch.Tensor:
-        """(n, K) weight rows `rows` (default: all N) in `dtype` (default: the layer's), read from
-        the layout the layer holds.  The result may be the kernel's scratch buffer: use it
-        before the next call."""
+    def dequantize_transposed(self, layer, dtype: torch.dtype | None = None, rows: slice | None = None) -> torch.Tensor:
+        """(K, n): weight rows `rows` (default: all N) transposed, in `dtype` (default: the
+        layer's), read from the layout the layer holds.  The result may be a view of the
+        kernel's scratch buffer: use it before the next call."""
         N, K = layer.out_features, layer.in_features
         start, stop, _ = (rows or slice(0, N)).indices(N)
         if layer.scheme == "int8":
             dtype = dtype or layer.scales.dtype
-            return self._int8_codes(layer, slice(start, stop), dtype).mul_(layer.scales[start:stop, None].to(dtype))
+            w_t = self._int8_codes(layer, slice(start, stop), dtype).t()  # (K, n)
+            return w_t.mul_(layer.scales[start:stop].to(dtype))
         scales, zeros = layer.cpu_scales_and_zeros.unbind(-1)  # (G, N_padded) each
         dtype = dtype or scales.dtype
-        if layer.cpu_block_n is None:
-            return self._dequantize_through_operator(layer, dtype)[start:stop]
+        layout = layer.cpu_int4_layout
+        if layout is None:
+            return self._dequantize_through_operator(layer, dtype)[:, start:stop]
         # Whole tiles around the rows asked for: the packing is tiled by rows.
-        block_n = layer.cpu_block_n
-        tile_start, tile_stop = start // block_n * block_n, -(-stop // block_n) * block_n
-        K_padded = layer.padded_in_features
-        codes = self.scratch((tile_stop - tile_start) * K_padded, dtype).view(-1, K_padded)
-        from_cpu_int4_layout(layer.cpu_qweight[tile_start:tile_stop], block_n, out=codes)
-        codes = codes[start - tile_start : stop - tile_start]  # (n, K_padded)
-        num_groups = scales.shape[0]
-        groups = codes.view(stop - start, num_groups, -1)  # (n, G, group)
-        groups.sub_(8).mul_(scales.t()[start:stop, :, None].to(dtype)).add_(zeros.t()[start:stop, :, None].to(dtype))
-        return codes[:, :K]
+        tile_start, tile_stop = start // layout.block_n * layout.block_n, -(-stop // layout.block_n) * layout.block_n
+        cols = slice(tile_start, tile_stop)
+        K_padded, n = layer.padded_in_features, tile_stop - tile_start
+        codes = self.scratch(K_padded * n, torch.uint8, role="codes").view(K_padded, n)
+        unpack_cpu_int4_transposed(layer.cpu_qweight[cols], layout, out=codes)
+        # w = (q - 8) * scale + zero = q * scale + (zero - 8 * scale): one pass (addcmul) over
+        # long contiguous runs, reading uint8 codes and writing `dtype`; measured 2.7x faster
+        # than converting the codes first and scaling them in place (bf16, 3072 x 1024 layer).
+        scale = scales[:, cols].to(dtype).contiguous()  # (G, n)
+        shift = (zeros[:, cols].float() - 8 * scales[:, cols].float()).to(dtype)  # (G, n)
+        w_t = self.scratch(K_padded * n, dtype).view(K_padded, n)
+        num_groups = scale.shape[0]
+        torch.addcmul(shift[:, None], codes.view(num_groups, -1, n), scale[:, None], out=w_t.view(num_groups, -1, n))
+        return w_t[:K, start - tile_start : stop - tile_start]
+
+    def dequantize(self, layer, dtype: torch.dtype | None = None, rows: slice | None = None) -> torch.Tensor:
+        """(n, K) weight rows `rows` in `dtype`: `dequantize_transposed`, viewed the other way
+        (not contiguous; may be the scratch buffer)."""
+        return self.dequantize_transposed(layer, dtype, rows).t()
 
     def _int8_codes(self, layer, rows: slice, dtype: torch.dtype) -> torch.Tensor:
         """(n, K) the int8 codes of `rows` as `dtype`, in the scratch (small integers: exact)."""
@@ -173,11 +221,11 @@ class CPUKernel:
         return w.copy_(layer.qweight[rows])
 
     def _dequantize_through_operator(self, layer, dtype: torch.dtype) -> torch.Tensor:
-        """(N, K): the operator applied to the identity gives W.T, whatever its packing."""
+        """(K, N): the operator applied to the identity gives W.T, whatever its packing."""
         K_padded = layer.padded_in_features
         eye = torch.eye(K_padded, dtype=dtype)
         w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, layer.cpu_qweight, layer.group_size, layer.cpu_scales_and_zeros)
-        return w_t[: layer.in_features, : layer.out_features].t()
+        return w_t[: layer.in_features, : layer.out_features]
 
     # ------------------------------------------------------------------ matmul
     def linear(self, layer, x: torch.Tensor) -> torch.Tensor:
@@ -203,7 +251,7 @@ class CPUKernel:
         """(M, K) -> (M, N): dequantize a tile of rows into the scratch, one matmul per tile."""
         N, K = layer.out_features, layer.in_features
         tile = max(INT4_ROW_PAD, SCRATCH_MAX_ELEMENTS // max(K, 1) // INT4_ROW_PAD * INT4_ROW_PAD)
-        if layer.scheme == "int4" and layer.cpu_block_n is None:
+        if layer.scheme == "int4" and layer.cpu_int4_layout is None:
             tile = N  # an unknown packing is read whole, through the operator: no tile is cheaper
         if tile >= N:
             return self._tile_matmul(layer, x, slice(0, N))
@@ -218,4 +266,4 @@ class CPUKernel:
             # The scale is per output row, so it multiplies the (M, n) product instead of the
             # (n, K) weight.
             return F.linear(x, self._int8_codes(layer, rows, x.dtype)) * layer.scales[rows].to(x.dtype)
-        return F.linear(x, self.dequantize(layer, x.dtype, rows))
+        return x @ self.dequantize_transposed(layer, x.dtype, rows)  # (M, K) @ (K, n)
