@@ -1,0 +1,51 @@
+"""A real-shaped model on this machine: its decode step against its weight-read floor.
+
+Contract: `qwen3_fields(num_layers)` gives the Qwen3-0.6B config of `models/known_configs.py`
+(optionally with fewer layers, for a quick run); `write_random_qwen3` (quantization.py) turns it
+into a random-weight bf16 checkpoint, no download.  `step_vs_floor(model, settings)` measures
+each setting's batch-1 decode (chapter 06's `decode_speed_table`: alternating repeats, each run
+paired with a baseline run) and puts its step next to the floor its weight bytes set:
+
+    floor  = weight bytes (as loaded: codes, scales, the bf16 embedding) / copy bandwidth
+    step   = 1 / decode tokens per second
+    step / floor ~ 1   the step is the weight read: fewer bytes (int8) give a faster step
+    step / floor >> 1  the step is fixed per-step work (Python, launches, small operations):
+                       fewer bytes buy nothing, and dequantizing can cost time
+
+The same function measures the shipped chef, so a chapter can print both models side by side
+and say which effect each one shows.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..models.known_configs import KNOWN_CONFIGS
+from .batching import measure_copy_bandwidth
+from .quantization import Setting, decode_speed_table
+
+REAL_MODEL = "Qwen/Qwen3-0.6B"
+
+
+def qwen3_fields(num_layers: int | None = None) -> dict:
+    """`Qwen3Config` fields of Qwen3-0.6B (transformers' names), `num_layers` overriding its 28."""
+    fields = {k: v for k, v in KNOWN_CONFIGS[REAL_MODEL].items() if k not in ("architectures", "torch_dtype")}
+    if num_layers is not None:
+        fields["num_hidden_layers"] = num_layers
+    return fields
+
+
+def step_vs_floor(model, settings: list[Setting], num_tokens: int = 16, repeats: int = 5,
+                  bandwidth: float | None = None) -> pd.DataFrame:
+    """One row per setting: decode tokens/s (median of `repeats`), its step in ms, the weight
+    bytes, the weight-read floor in ms and step / floor; `ratios` and `runs` keep the paired
+    repeats (ratios vs the first setting's speed).  `bandwidth` (bytes/s) is measured when
+    not given (`batching.measure_copy_bandwidth`, a copy much larger than the cache)."""
+    bandwidth = bandwidth or measure_copy_bandwidth()
+    rows = decode_speed_table(model, settings, num_tokens=num_tokens, repeats=repeats)
+    table = pd.DataFrame(rows).set_index("setting")
+    table["step ms"] = 1e3 / table["tokens_per_s"]
+    table["floor ms"] = 1e3 * table["weight_bytes"] / bandwidth
+    table["step / floor"] = table["step ms"] / table["floor ms"]
+    table.attrs["bandwidth"] = bandwidth
+    return table
