@@ -109,3 +109,7 @@ def test_steps_table_reads_a_real_trace_with_its_preemption():
 def test_a_case_carries_no_answer():
     assert set(jd.DIAGNOSIS.case(0).__dataclass_fields__) == {"name", "steps", "limits"}
     assert "expected" not in jd.DIAGNOSIS.case(0)._repr_html_()
+
+
+def test_an_unanswered_placeholder_is_told_so():
+    assert "not answered yet" in jd.DIAGNOSIS.check_answer(0, ..., ...).message

@@ -102,3 +102,7 @@ def test_malformed_answers_get_feedback_not_a_traceback():
     assert "whole number" in wrong(i, b, float(n), cost)
     assert "must be a number" in wrong(i, b, n, "cheap")
     assert "ZeroDivisionError" in jf.FLEET.check(lambda **k: 1 / 0).message
+
+
+def test_an_unanswered_placeholder_is_told_so():
+    assert "not answered yet" in jf.FLEET.check_answer(0, ..., ..., ...).message

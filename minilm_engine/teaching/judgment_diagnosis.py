@@ -189,7 +189,10 @@ class DiagnosisExercise:
         return _step_feedback(case, cause, step, want["step"])
 
     def check_answer(self, index: int, cause: str, step: int) -> CheckResult:
-        """Feedback on one answer for case `index`."""
+        """Feedback on one answer for case `index` (`...`: not answered yet)."""
+        if cause is ... or step is ...:
+            return CheckResult(False, 0, f"{self._stored()[index]['name']}: not answered yet: replace the ... "
+                                         "with your answer")
         problem = self._judge(index, (cause, step))
         name = self._stored()[index]["name"]
         if problem:

@@ -128,7 +128,10 @@ class FleetExercise:
 
     def check_answer(self, index: int, max_num_seqs: int | None, num_replicas: int | None = None,
                      cost_per_mtok: float | None = None) -> CheckResult:
-        """Feedback on one answer for case `index` (pass max_num_seqs=None for "no batch limit")."""
+        """Feedback on one answer for case `index` (pass max_num_seqs=None for "no batch limit",
+        `...` for not answered yet)."""
+        if max_num_seqs is ...:
+            return CheckResult(False, 0, f"case {index}: not answered yet: replace the ... with your answer")
         answer = None if max_num_seqs is None else (max_num_seqs, num_replicas, cost_per_mtok)
         problem = self._judge(index, answer)
         if problem:
