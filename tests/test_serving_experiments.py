@@ -71,6 +71,7 @@ def test_max_num_seqs_dial_runs_a_server_process_each_with_repeats():
     dial = serving.max_num_seqs_dial("noodle-apprentice", "cpu", [1, 4], num_requests=4, output_len=3, concurrency=4,
                                      num_repeats=2)
     assert list(dial["max_num_seqs"]) == [1, 4] and (dial["completed"] == 4).all() and (dial["repeats"] == 2).all()
+    assert all(isinstance(v, int) for v in dial["max_num_seqs"].tolist())
     runs = dial.attrs["runs"]
     assert [len(runs[v]) for v in (1, 4)] == [2, 2] and all(r["failed"] == 0 for v in runs for r in runs[v])
     assert (dial["output tok/s min"] <= dial["output tok/s"]).all() and (dial["output tok/s"] <= dial["output tok/s max"]).all()

@@ -37,12 +37,20 @@ def qwen3_fields(num_layers: int | None = None) -> dict:
 
 def step_vs_floor(model, settings: list[Setting], num_tokens: int = 16, repeats: int = 5,
                   bandwidth: float | None = None) -> pd.DataFrame:
-    """One row per setting: decode tokens/s (median of `repeats`), its step in ms, the weight
-    bytes, the weight-read floor in ms and step / floor; `ratios` and `runs` keep the paired
-    repeats (ratios vs the first setting's speed).  `bandwidth` (bytes/s) is measured when
+    """One row per setting: decode tokens/s (median of `repeats`; the first setting's over all
+    its runs, the paired ones included), `speedup` (median of the paired ratios to the first
+    setting), its step in ms, the weight bytes, the weight-read floor in ms and step / floor;
+    `ratios` and `runs` keep the repeats.  `bandwidth` (bytes/s) is measured when
     not given (`batching.measure_copy_bandwidth`, a copy much larger than the cache)."""
+    import statistics
+
     bandwidth = bandwidth or measure_copy_bandwidth()
     rows = decode_speed_table(model, settings, num_tokens=num_tokens, repeats=repeats)
+    # The baseline ran again just before every run of every other setting (the pairs): its speed
+    # is the median over all its runs, so it is measured across the same stretch of time as the
+    # others, not only at the start (a shared machine's speed drifts).
+    base_runs = list(rows[0]["runs"]) + [s / r for row in rows[1:] for s, r in zip(row["runs"], row["ratios"])]
+    rows[0] = {**rows[0], "runs": base_runs, "tokens_per_s": statistics.median(base_runs)}
     table = pd.DataFrame(rows).set_index("setting")
     table["step ms"] = 1e3 / table["tokens_per_s"]
     table["floor ms"] = 1e3 * table["weight_bytes"] / bandwidth

@@ -181,9 +181,10 @@ def max_num_seqs_dial(model: str | None, device: str | None, values: list[int], 
 
 
 def _median_row(rows: list[dict]) -> dict:
-    """The median of each numeric column over repeats, with min and max of output tok/s."""
+    """The median of each measured column over repeats, with min and max of output tok/s."""
     frame = pd.DataFrame(rows)
     row = {c: (frame[c].median() if pd.api.types.is_numeric_dtype(frame[c]) else frame[c].iloc[0]) for c in frame}
+    row["max_num_seqs"] = rows[0]["max_num_seqs"]  # the setting itself, not a median of copies of it
     row["output tok/s min"], row["output tok/s max"] = frame["output tok/s"].min(), frame["output tok/s"].max()
     row["repeats"] = len(rows)
     return row
