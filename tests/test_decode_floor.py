@@ -1,4 +1,4 @@
-"""experiments/real_shaped: a real model's shapes, a random checkpoint, its step against its floor."""
+"""experiments/decode_floor: a model's decode step against its weight-read floor."""
 
 from __future__ import annotations
 
@@ -6,17 +6,8 @@ import statistics
 
 import pytest
 
-from minilm_engine.experiments import real_shaped
+from minilm_engine.experiments import decode_floor
 from minilm_engine.experiments.quantization import Setting, write_random_qwen3
-from minilm_engine.models.known_configs import KNOWN_CONFIGS
-
-
-def test_qwen3_fields_are_the_known_config_with_fewer_layers_on_request():
-    fields = real_shaped.qwen3_fields()
-    known = KNOWN_CONFIGS[real_shaped.REAL_MODEL]
-    assert fields["hidden_size"] == known["hidden_size"] and fields["num_hidden_layers"] == known["num_hidden_layers"]
-    assert "architectures" not in fields and "torch_dtype" not in fields  # Qwen3Config's own fields only
-    assert real_shaped.qwen3_fields(num_layers=2)["num_hidden_layers"] == 2
 
 
 def test_step_vs_floor_puts_each_step_next_to_its_weight_bytes(tmp_path):
@@ -25,7 +16,7 @@ def test_step_vs_floor_puts_each_step_next_to_its_weight_bytes(tmp_path):
                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
                        bos_token_id=1, eos_token_id=2)
     bandwidth = 1e10
-    table = real_shaped.step_vs_floor(tmp_path, [Setting("bf16", dtype="bfloat16"),
+    table = decode_floor.step_vs_floor(tmp_path, [Setting("bf16", dtype="bfloat16"),
                                                  Setting("int8", "int8", dtype="bfloat16")],
                                       num_tokens=3, repeats=2, bandwidth=bandwidth)
     assert list(table.index) == ["bf16", "int8"] and table.attrs["bandwidth"] == bandwidth

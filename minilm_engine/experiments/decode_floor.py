@@ -1,9 +1,7 @@
-"""A real-shaped model on this machine: its decode step against its weight-read floor.
+"""A model's batch-1 decode step on this machine against its weight-read floor.
 
-Contract: `qwen3_fields(num_layers)` gives the Qwen3-0.6B config of `models/known_configs.py`
-(optionally with fewer layers, for a quick run); `write_random_qwen3` (quantization.py) turns it
-into a random-weight bf16 checkpoint, no download.  `step_vs_floor(model, settings)` measures
-each setting's batch-1 decode (chapter 06's `decode_speed_table`: alternating repeats, each run
+Contract: `step_vs_floor(model, settings)` (a model of a real shape, from
+`real_shape.random_qwen3_folder`, or the shipped chef) measures each setting's batch-1 decode (chapter 06's `decode_speed_table`: alternating repeats, each run
 paired with a baseline run) and puts its step next to the floor its weight bytes set:
 
     floor  = weight bytes (as loaded: codes, scales, the bf16 embedding) / copy bandwidth
@@ -20,19 +18,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..models.known_configs import KNOWN_CONFIGS
 from .batching import measure_copy_bandwidth
 from .quantization import Setting, decode_speed_table
-
-REAL_MODEL = "Qwen/Qwen3-0.6B"
-
-
-def qwen3_fields(num_layers: int | None = None) -> dict:
-    """`Qwen3Config` fields of Qwen3-0.6B (transformers' names), `num_layers` overriding its 28."""
-    fields = {k: v for k, v in KNOWN_CONFIGS[REAL_MODEL].items() if k not in ("architectures", "torch_dtype")}
-    if num_layers is not None:
-        fields["num_hidden_layers"] = num_layers
-    return fields
 
 
 def step_vs_floor(model, settings: list[Setting], num_tokens: int = 16, repeats: int = 5,
