@@ -67,10 +67,35 @@ def test_latency_under_load_and_streaming(server):
     assert whole["first text p50 ms"] == whole["last text p50 ms"]  # nothing to see before the end
 
 
-def test_max_num_seqs_dial_starts_and_stops_a_server_each():
-    dial = serving.max_num_seqs_dial("noodle-apprentice", "cpu", [1, 4], num_requests=4, output_len=3, concurrency=4)
-    assert list(dial["max_num_seqs"]) == [1, 4] and (dial["completed"] == 4).all()
+def test_max_num_seqs_dial_runs_a_server_process_each_with_repeats():
+    dial = serving.max_num_seqs_dial("noodle-apprentice", "cpu", [1, 4], num_requests=4, output_len=3, concurrency=4,
+                                     num_repeats=2)
+    assert list(dial["max_num_seqs"]) == [1, 4] and (dial["completed"] == 4).all() and (dial["repeats"] == 2).all()
+    assert all(isinstance(v, int) for v in dial["max_num_seqs"].tolist())
+    runs = dial.attrs["runs"]
+    assert [len(runs[v]) for v in (1, 4)] == [2, 2] and all(r["failed"] == 0 for v in runs for r in runs[v])
+    assert (dial["output tok/s min"] <= dial["output tok/s"]).all() and (dial["output tok/s"] <= dial["output tok/s max"]).all()
     assert len(serving.dial_figure(dial).data) == 3
+
+
+def test_rates_around_a_capacity_are_dense_near_it():
+    rates = serving.rates_around(10.0)
+    assert rates[-1] == math.inf and rates[:-1] == sorted(rates[:-1])
+    assert sum(8 <= r <= 12 for r in rates) >= 4, "most points near capacity"
+    with pytest.raises(ValueError, match="capacity"):
+        serving.rates_around(0.0)
+
+
+def test_slo_crossing_interpolates_between_the_points_either_side():
+    table = pd.DataFrame({"offered req/s": [1.0, 2.0, 4.0, 6.0, math.inf],
+                          "TTFT p99 ms": [50.0, 100.0, 300.0, 900.0, 5000.0]})
+    crossing = serving.slo_crossing(table, 500.0)
+    assert crossing["status"] == "crossed" and crossing["below"] == (4.0, 300.0) and crossing["above"] == (6.0, 900.0)
+    assert crossing["rate"] == pytest.approx(4.0 + 2.0 * 200 / 600)
+    noisy = table.assign(**{"TTFT p99 ms": [50.0, 600.0, 300.0, 900.0, 5000.0]})  # back under: the first crossing counts
+    assert serving.slo_crossing(noisy, 500.0)["above"] == (2.0, 600.0)
+    assert serving.slo_crossing(table, 1000.0)["status"] == "never"  # the inf row is not a rate
+    assert serving.slo_crossing(table, 10.0)["status"] == "from the start"
 
 
 def test_serving_view_draws_what_the_server_did(server):
@@ -128,10 +153,11 @@ def test_exercise_checker_explains_and_never_crashes():
 def test_speculation_at_load_runs_both_configurations_under_both_loads():
     table = serving.speculation_at_load("noodle-apprentice", "cpu", {"model": "noodle-apprentice",
                                         "num_speculative_tokens": 2}, num_requests=3, output_len=4,
-                                        busy_concurrency=3)
+                                        busy_concurrency=3, num_repeats=2, num_alone_requests=2)
     assert list(table["speculation"]) == ["off", "off", "on (K=2)", "on (K=2)"]
     assert list(table["load"]) == ["one user", "3 users"] * 2
-    assert (table["output tok/s"] > 0).all() and (table["TPOT p50 ms"] > 0).all()
+    assert (table["output tok/s"] > 0).all() and (table["TPOT p50 ms"] > 0).all() and (table["repeats"] == 2).all()
+    assert all(len(v) == 2 for v in table.attrs["runs"].values()) and len(table.attrs["runs"]) == 4
 
 
 def test_serving_view_live_mode_redraws_while_the_load_runs(server, capsys):

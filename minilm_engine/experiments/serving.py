@@ -1,14 +1,20 @@
 """Chapter 07's measurements: load tests against a live server, as tables and figures.
 
-Contract: every function drives a running server (`entrypoints.openai.ServerThread`) through
-`bench.serve` only, over HTTP, exactly as `minilm-engine bench serve` would, and returns plain
-pandas tables (one row per configuration) that the figures below draw.
+Contract: every function drives a running server through `bench.serve` only, over HTTP,
+exactly as `minilm-engine bench serve` would, and returns plain pandas tables (one row per
+configuration) that the figures below draw.  The server is either a `ServerProcess`
+(experiments/outside_view.py: `minilm-engine serve` in its own process, so the load generator
+here shares no interpreter, GIL or core with it: what the chapter measures) or an in-process
+`ServerThread` (`start_server`, for the widgets that read the engine's own timestamps).
 
     rate_sweep            the same traffic at rising request rates   -> the throughput-latency knee
-    max_num_seqs_dial     one closed-loop load, batch limit 1 ... N    -> tokens/s vs latency each
+    rates_around          a rate grid dense around a measured capacity
+    slo_crossing          the rate at which a latency column crosses its SLO (interpolated)
+    max_num_seqs_dial     one closed-loop load, batch limit 1 ... N, alternating repeats
     latency_under_load    one user's requests while background traffic grows
     streaming_vs_not      when the user first sees text: TTFT (streamed) or the whole answer
-    speculation_at_load   speculative decoding on and off, for one user alone and under load
+    speculation_at_load   speculative decoding on and off, for one user alone and under load,
+                          alternating repeats
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ..bench.metrics import RequestResult, summarize
 from ..bench.serve import BenchConfig, BenchResult, run_benchmark, run_benchmark_async, run_sync, send_request
 from ..entrypoints.openai import ServerThread
 from ..llm import LLM
+from .outside_view import ServerProcess
 
 
 def start_server(model: str | None = None, device: str | None = None, **engine_args) -> ServerThread:
@@ -91,25 +98,96 @@ def knee(table: pd.DataFrame, keep_up: float = 0.9) -> pd.Series:
     return kept.iloc[-1] if len(kept) else finite.iloc[0]
 
 
+def rates_around(capacity: float, fractions: tuple[float, ...] = (0.25, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5),
+                 digits: int = 1) -> list[float]:
+    """Offered rates as fractions of a measured capacity (req/s), dense near 1x where the
+    curve bends, then `inf` (everything at once): a grid of round numbers cannot know where a
+    given machine's knee is."""
+    if not capacity > 0:
+        raise ValueError(f"capacity must be > 0 req/s, got {capacity}")
+    rates = sorted({round(f * capacity, digits) for f in fractions if round(f * capacity, digits) > 0})
+    return [*rates, math.inf]
+
+
+def slo_crossing(table: pd.DataFrame, limit: float, column: str = "TTFT p99 ms",
+                 rate_column: str = "offered req/s") -> dict:
+    """Where `column` first exceeds `limit` along the finite rates of a sweep, interpolated
+    linearly between the last rate within the limit and the first one past it.
+
+    Returns {"rate": the interpolated rate or None, "below": (rate, value) of the last point
+    within, "above": (rate, value) of the first point past it, "status": "crossed", "never"
+    (within the limit at every finite rate) or "from the start" (past it at the lowest rate)}.
+    A later point back within the limit (a sweep is noisy) does not move the first crossing."""
+    finite = table[table[rate_column].map(math.isfinite)].sort_values(rate_column)
+    points = list(zip(finite[rate_column], finite[column]))
+    if not points:
+        raise ValueError("the sweep has no finite rate")
+    first_over = next((i for i, (_, v) in enumerate(points) if v > limit), None)
+    if first_over is None:
+        return {"rate": None, "below": points[-1], "above": None, "status": "never"}
+    if first_over == 0:
+        return {"rate": None, "below": None, "above": points[0], "status": "from the start"}
+    (r0, v0), (r1, v1) = points[first_over - 1], points[first_over]
+    rate = r0 + (limit - v0) / (v1 - v0) * (r1 - r0)  # v0 <= limit < v1
+    return {"rate": float(rate), "below": (r0, v0), "above": (r1, v1), "status": "crossed"}
+
+
+def start_servers(model: str | None, configs: dict, device: str | None = None, threads: int | None = 1) -> dict:
+    """One `ServerProcess` per entry of `configs` ({key: extra `serve` flags}), started side by
+    side (each loads its model at the same time as the others) and all up on return."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    servers = {key: ServerProcess(model, list(flags), device=device or "cpu", threads=threads)
+               for key, flags in configs.items()}
+    with ThreadPoolExecutor(len(servers)) as pool:
+        futures = [pool.submit(s.start) for s in servers.values()]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        stop_servers(servers)
+        raise errors[0]
+    return servers
+
+
+def stop_servers(servers: dict) -> None:
+    for s in servers.values():
+        s.stop()
+
+
 def max_num_seqs_dial(model: str | None, device: str | None, values: list[int], num_requests: int = 32,
-                      output_len: int = 16, concurrency: int = 32, num_runs: int = 1, seed: int = 0) -> pd.DataFrame:
-    """For each `max_num_seqs`, a fresh server under the same closed loop of `concurrency`
-    clients: total tokens/s against the latency each request sees (the fastest of `num_runs`)."""
-    rows = []
+                      output_len: int = 16, concurrency: int = 32, num_repeats: int = 5, seed: int = 0,
+                      threads: int | None = 1) -> pd.DataFrame:
+    """For each `max_num_seqs`, a server process of its own under the same closed loop of
+    `concurrency` clients (the same prompts): total tokens/s against the latency each request
+    sees.  All servers are up at once and each repeat visits them in a rotated order, so a
+    burst of other load on the machine hits every setting alike.  A row is the median over
+    repeats; `table.attrs["runs"][value]` keeps each repeat's row (for paired ratios)."""
     requests = noodle_requests(num_requests, output_len=output_len, seed=seed)
-    for value in values:
-        server = start_server(model, device, max_num_seqs=value)
-        try:
-            config = BenchConfig(base_url=server.url, model=model_name(server), max_concurrency=concurrency,
-                                 ignore_eos=True, seed=seed)
+    servers = start_servers(model, {v: ["--max-num-seqs", str(v)] for v in values}, device, threads)
+    runs: dict[int, list[dict]] = {v: [] for v in values}
+    try:
+        configs = {v: BenchConfig(base_url=s.url, model=model_name(s), max_concurrency=concurrency,
+                                  ignore_eos=True, seed=seed) for v, s in servers.items()}
+        for config in configs.values():
             run_benchmark(replace(config, max_concurrency=2), requests[:2], progress=False)  # warm up
-            # Keep the run least disturbed by other programs on the machine: the fastest.
-            runs = [run_benchmark(config, requests, progress=False) for _ in range(num_runs)]
-            best = min(runs, key=lambda r: r.metrics.duration_s)
-            rows.append(_row({"max_num_seqs": value}, best))
-        finally:
-            server.stop()
-    return pd.DataFrame(rows)
+        for repeat in range(num_repeats):
+            shift = repeat % len(values)
+            for v in values[shift:] + values[:shift]:
+                runs[v].append(_row({"max_num_seqs": v}, run_benchmark(configs[v], requests, progress=False)))
+    finally:
+        stop_servers(servers)
+    table = pd.DataFrame([_median_row(runs[v]) for v in values])
+    table.attrs["runs"] = runs
+    return table
+
+
+def _median_row(rows: list[dict]) -> dict:
+    """The median of each measured column over repeats, with min and max of output tok/s."""
+    frame = pd.DataFrame(rows)
+    row = {c: (frame[c].median() if pd.api.types.is_numeric_dtype(frame[c]) else frame[c].iloc[0]) for c in frame}
+    row["max_num_seqs"] = rows[0]["max_num_seqs"]  # the setting itself, not a median of copies of it
+    row["output tok/s min"], row["output tok/s max"] = frame["output tok/s"].min(), frame["output tok/s"].max()
+    row["repeats"] = len(rows)
+    return row
 
 
 def latency_under_load(server: ServerThread, background_rates: list[float], num_probes: int = 6,
@@ -174,25 +252,44 @@ def streaming_vs_not(server: ServerThread, rate: float, num_requests: int = 24, 
 
 
 def speculation_at_load(model: str | None, device: str | None, speculative_config: dict, num_requests: int = 16,
-                        output_len: int = 32, busy_concurrency: int = 16, seed: int = 0) -> pd.DataFrame:
-    """Speculative decoding off and on (a fresh server each), measured for one user alone (one
-    request at a time) and for a busy server (`busy_concurrency` clients in a closed loop).
-    TPOT, not ITL, compares them: a speculative step can stream several tokens in one chunk."""
+                        output_len: int = 32, busy_concurrency: int = 16, num_repeats: int = 5, seed: int = 0,
+                        threads: int | None = 1, num_alone_requests: int | None = None) -> pd.DataFrame:
+    """Speculative decoding off and on (a server process each, both up at once), measured for
+    one user alone (one request at a time, the first `num_alone_requests`) and for a busy server
+    (`busy_concurrency` clients in a closed loop), `num_repeats` times, off and on alternating
+    in order.  TPOT, not ITL, compares them: a speculative step can stream several tokens in one
+    chunk.  A row is the median over repeats; `table.attrs["runs"][(speculation, load)]` keeps
+    each repeat's TPOT p50 in ms, in repeat order (pairs for ratios)."""
+    import json
+
     requests = noodle_requests(num_requests, output_len=output_len, seed=seed)
-    rows = []
-    for label, engine_args in (("off", {}), (f"on (K={speculative_config['num_speculative_tokens']})",
-                                             {"speculative_config": speculative_config})):
-        server = start_server(model, device, max_num_seqs=max(16, busy_concurrency), **engine_args)
-        try:
-            config = BenchConfig(base_url=server.url, model=model_name(server), ignore_eos=True, seed=seed)
+    alone = requests[:num_alone_requests or num_requests]
+    on = f"on (K={speculative_config['num_speculative_tokens']})"
+    max_seqs = ["--max-num-seqs", str(max(16, busy_concurrency))]
+    servers = start_servers(model, {"off": max_seqs, on: [*max_seqs, "--speculative-config",
+                                                          json.dumps(speculative_config)]}, device, threads)
+    loads = (("one user", 1, alone), (f"{busy_concurrency} users", busy_concurrency, requests))
+    rows: dict[tuple[str, str], list[dict]] = {(k, load): [] for k in servers for load, _, _ in loads}
+    try:
+        configs = {k: BenchConfig(base_url=s.url, model=model_name(s), ignore_eos=True, seed=seed)
+                   for k, s in servers.items()}
+        for config in configs.values():
             run_benchmark(replace(config, max_concurrency=1), requests[:1], progress=False)  # warm up
-            for load, concurrency in (("one user", 1), (f"{busy_concurrency} users", busy_concurrency)):
-                m = run_benchmark(replace(config, max_concurrency=concurrency), requests, progress=False).metrics
-                rows.append({"speculation": label, "load": load, "TPOT p50 ms": m.tpot_ms.median,
-                             "E2E p50 ms": m.e2el_ms.median, "output tok/s": m.output_throughput})
-        finally:
-            server.stop()
-    return pd.DataFrame(rows)
+        for repeat in range(num_repeats):
+            for load, concurrency, batch in loads:
+                order = list(configs) if repeat % 2 == 0 else list(configs)[::-1]
+                for k in order:
+                    m = run_benchmark(replace(configs[k], max_concurrency=concurrency), batch, progress=False).metrics
+                    rows[(k, load)].append({"speculation": k, "load": load, "TPOT p50 ms": m.tpot_ms.median,
+                                            "E2E p50 ms": m.e2el_ms.median, "output tok/s": m.output_throughput})
+    finally:
+        stop_servers(servers)
+    table = pd.DataFrame([{**pd.DataFrame(r).median(numeric_only=True).to_dict(), "speculation": k, "load": load,
+                           "repeats": len(r)} for (k, load), r in rows.items()])
+    table = table[["speculation", "load", "TPOT p50 ms", "E2E p50 ms", "output tok/s", "repeats"]]
+    table.attrs["runs"] = {key: [r["TPOT p50 ms"] for r in r_list] for key, r_list in rows.items()}
+    table.attrs["throughput_runs"] = {key: [r["output tok/s"] for r in r_list] for key, r_list in rows.items()}
+    return table
 
 
 # -- figures --------------------------------------------------------------------------------------
