@@ -18,6 +18,7 @@ and the cache holds, per token, one key and one value vector per layer and per K
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ import torch
 from ..kv_cache.paged import PagedKVCache
 from ..models.config import ModelConfig
 from ..sampling_params import SamplingParams
+from .batching import time_decode_step
 
 GiB = 1 << 30
 
@@ -85,6 +87,48 @@ def measure_token_times(llm, prompt: str, num_tokens: int, num_repeats: int = 1)
         latencies = [m.token_times[0] - m.first_scheduled_time, *m.inter_token_latencies]
         best = latencies if best is None else [min(a, b) for a, b in zip(best, latencies)]
     return TokenTimes(llm.strategy_name, len(out.prompt_token_ids), out.outputs[0].token_ids, best)
+
+
+@dataclass(frozen=True)
+class TokenTimeRounds:
+    """Alternating rounds of one generation per strategy, plus the bare model's decode step.
+
+    `runs[name][i]`: strategy `name`'s token times in round i (each strategy generated once per
+    round, taking turns, so a burst of load elsewhere hits every strategy of a round).
+    `decode_step_s[i]`: in the same round, `batching.time_decode_step` at batch 1 (the one
+    decode-step timer chapters 01 and 02 share: the model alone, contiguous cache, argmax) on the
+    "kv_cache" LLM's model at context `decode_context_len`.
+    """
+
+    runs: dict[str, list[TokenTimes]]
+    decode_step_s: list[float]
+    decode_context_len: int
+
+    def per_token_s(self, name: str, start: int = 1, stop: int | None = None) -> list[float]:
+        """Per round, the median time of output tokens [start, stop) (token 0 holds the prefill)."""
+        return [statistics.median(run.latencies_s[start:stop]) for run in self.runs[name]]
+
+
+def token_time_rounds(
+    llms: dict[str, object], prompt: str, num_tokens: int, num_rounds: int = 5, num_decode_steps: int = 16
+) -> TokenTimeRounds:
+    """`num_rounds` rounds; in each, every LLM generates `num_tokens` once (`measure_token_times`),
+    then the "kv_cache" LLM's bare model is timed by `time_decode_step` at batch 1, at the
+    context of the middle of the generation.  See `TokenTimeRounds`."""
+    if num_rounds < 1:
+        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
+    if "kv_cache" not in llms:
+        raise ValueError(f"the decode step is timed on the 'kv_cache' LLM's model; got {sorted(llms)}")
+    runs: dict[str, list[TokenTimes]] = {name: [] for name in llms}
+    steps: list[float] = []
+    context_len = None
+    for _ in range(num_rounds):
+        for name, llm in llms.items():
+            runs[name].append(measure_token_times(llm, prompt, num_tokens))
+        if context_len is None:
+            context_len = runs["kv_cache"][0].num_prompt_tokens + num_tokens // 2
+        steps.append(time_decode_step(llms["kv_cache"].model, 1, context_len, num_decode_steps).step_s)
+    return TokenTimeRounds(runs, steps, context_len)
 
 
 def compare_strategies(
