@@ -75,6 +75,8 @@ def test_token_time_rounds_alternate_and_time_the_decode_step(checkpoints):
     assert all(a.token_ids == b.token_ids for a, b in zip(rounds.runs["no_cache"], rounds.runs["kv_cache"]))
     prompt_len = rounds.runs["kv_cache"][0].num_prompt_tokens
     assert rounds.decode_context_len == prompt_len + 3
+    fastest = rounds.fastest("kv_cache")
+    assert fastest.latencies_s == [min(t) for t in zip(*(r.latencies_s for r in rounds.runs["kv_cache"]))]
     per_token = rounds.per_token_s("kv_cache")
     assert len(per_token) == 3 and all(t > 0 for t in per_token)
     with pytest.raises(ValueError, match="kv_cache"):

@@ -2,7 +2,9 @@
 
 Contract: the timing functions run the package's real strategies ("no_cache" recomputes the
 whole sequence every step, "kv_cache" keeps keys and values) through `LLM.generate` with greedy
-decoding and EOS ignored, so both produce exactly `num_tokens` identical tokens.  The memory
+decoding and EOS ignored, so both produce exactly `num_tokens` identical tokens;
+`token_time_rounds` alternates them round by round and, in each round, also times the bare
+model's decode step with `batching.time_decode_step` (the timer chapter 01 uses too).  The memory
 functions are arithmetic on a `ModelConfig`, plus `measure_kv_growth`, which steps the paged
 engine and reads how many KV blocks one request holds after each step.
 
@@ -104,6 +106,12 @@ class TokenTimeRounds:
     decode_step_s: list[float]
     decode_context_len: int
 
+    def fastest(self, name: str) -> TokenTimes:
+        """Strategy `name`'s token times, each token's fastest over the rounds (noise only adds)."""
+        runs = self.runs[name]
+        latencies = [min(times) for times in zip(*(run.latencies_s for run in runs))]
+        return TokenTimes(runs[0].strategy, runs[0].num_prompt_tokens, runs[0].token_ids, latencies)
+
     def per_token_s(self, name: str, start: int = 1, stop: int | None = None) -> list[float]:
         """Per round, the median time of output tokens [start, stop) (token 0 holds the prefill)."""
         return [statistics.median(run.latencies_s[start:stop]) for run in self.runs[name]]
@@ -137,15 +145,16 @@ def compare_strategies(
     """For each length, the fastest of `num_repeats` generations with each LLM.
 
     The LLMs take turns inside every repeat, so a burst of load from elsewhere hits both.
-    Returns one row per length: {"num_new_tokens": n, name: seconds, ...}.
+    Returns one row per length: {"num_new_tokens": n, name: seconds, ..., "repeats_s": {name:
+    [seconds of each repeat]}} (repeat i of two LLMs ran back to back: a paired measurement).
     """
     rows = []
     for n in lengths:
-        best = {name: float("inf") for name in llms}
+        repeats: dict[str, list[float]] = {name: [] for name in llms}
         for _ in range(num_repeats):
             for name, llm in llms.items():
-                best[name] = min(best[name], time_generation(llm, prompt, n))
-        rows.append({"num_new_tokens": n, **best})
+                repeats[name].append(time_generation(llm, prompt, n))
+        rows.append({"num_new_tokens": n, **{name: min(r) for name, r in repeats.items()}, "repeats_s": repeats})
     return rows
 
 
@@ -275,7 +284,7 @@ def strategy_times_figure(rows: list[dict[str, float]], title: str = ""):
     import plotly.graph_objects as go
 
     lengths = [row["num_new_tokens"] for row in rows]
-    names = [key for key in rows[0] if key != "num_new_tokens"]
+    names = [key for key in rows[0] if key not in ("num_new_tokens", "repeats_s")]
     fig = go.Figure([
         go.Scatter(x=lengths, y=[row[name] for row in rows], mode="lines+markers", name=name)
         for name in names
