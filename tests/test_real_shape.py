@@ -50,6 +50,12 @@ def test_built_model_has_the_asked_shape_in_bf16(tiny_qwen3):
     assert len(out[0].outputs[0].token_ids) > 0
 
 
+def test_matvec_bandwidth_counts_the_weight_bytes_it_streams():
+    rate = real_shape.measure_matvec_bandwidth(64, torch.bfloat16, num_bytes=1 << 20, num_repeats=2)
+    assert rate > 0
+    assert real_shape.measure_matvec_bandwidth(64, torch.float32, num_bytes=8, num_repeats=1) > 0  # one row at least
+
+
 def test_step_vs_floor_pairs_each_round(tiny_qwen3):
     rows = real_shape.step_vs_floor(tiny_qwen3.model, [2, 1], num_rounds=3, num_steps=2, context_len=8,
                                     bandwidth_bytes=1 << 20)
@@ -57,8 +63,9 @@ def test_step_vs_floor_pairs_each_round(tiny_qwen3):
     for r in rows:
         assert len(r.step_s) == len(r.floor_s) == 3 and all(s > 0 for s in r.step_s)
         assert r.over_floor == tuple(s / f for s, f in zip(r.step_s, r.floor_s))
+        assert len(r.matvec_floor_s) == 3 and r.over_matvec_floor == tuple(s / f for s, f in zip(r.step_s, r.matvec_floor_s))
     # One floor per round, shared by every batch size: weight bytes over that round's bandwidth.
-    assert rows[0].floor_s == rows[1].floor_s
+    assert rows[0].floor_s == rows[1].floor_s and rows[0].matvec_floor_s == rows[1].matvec_floor_s
     assert all(f > 0 for f in rows[0].floor_s)
     assert weight_bytes(tiny_qwen3.model) > 0
     with pytest.raises(ValueError, match="num_rounds"):
