@@ -19,6 +19,8 @@ system loads:
        the converter), and each is timed at batch 1 in the same rotation, against the engine at
        the same precision: bf16 (the fused backend), int8 and int4 g128 (weight-only, bf16
        activations)
+    4. the shipped noodle-chef (fp32, the chapters' model) at batch 1, readable and fused,
+       against its own weight-read floor: issue 22 asks for its step within 2x of that floor
 
 Every system stays loaded; each repeat runs them one after another in a rotating order, so a
 machine whose load changes moves every column, not one.  A cell is the median of its repeats
@@ -57,6 +59,7 @@ from minilm_engine.experiments.quantization import write_random_qwen3
 from minilm_engine.models.known_configs import KNOWN_CONFIGS
 
 MODEL_ID = QWEN3_0_6B
+CHEF = "noodle-chef"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -178,6 +181,14 @@ def fmt(s: dict, digits: int = 1) -> str:
     return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
 
 
+def chef_system(backend: str, num_tokens: int, prompt_tokens: int) -> System:
+    """The shipped noodle-chef (fp32) on `backend`, batch 1 only (part 4)."""
+    system = engine_system(CHEF, "fp32", f"noodle-chef {backend}, fp32", num_tokens, prompt_tokens, max_batch=1,
+                           model_backend=backend)
+    system.kind, system.batch1_only = "chef", True
+    return system
+
+
 def run_repeats(systems: list[System], batch_sizes: list[int], repeats: int, bandwidth_bytes: int) -> dict:
     """{"bandwidth": [B/s per repeat], (label, batch): [step ms per repeat]}, rotating who goes first."""
     runs: dict = {"bandwidth": []}
@@ -198,7 +209,7 @@ def batch1_table(systems: list[System], runs: dict, floor_bytes: dict[str, int])
     bandwidth = runs["bandwidth"]
     rows = {}
     print(f"   {'':40} {'tok/s':>20} {'step ms':>22} {'vs transformers':>16} {'vs reference':>13} {'of floor':>10}")
-    for system in systems:
+    for system in [s for s in systems if s.kind != "chef"]:
         steps = runs[(system.label, 1)]
         base = runs[(f"transformers.generate, {system.dtype}", 1)]
         readable = runs[(f"minilm-engine reference, {system.dtype}", 1)]
@@ -254,6 +265,23 @@ def llama_table(runs: dict, labels: set[str]) -> dict:
         rows[gguf] = row
         print(f"   {gguf:10} {fmt(row['llama_cpp']):>20} {fmt(row['engine_tokens_per_s']):>22} {row['ratio']:6.2f}x"
               f"   ({engine})", flush=True)
+    return rows
+
+
+def chef_table(systems: list[System], runs: dict) -> dict:
+    """Part 4: the shipped chef's step against its own floor (its weights over the copy
+    bandwidth), as the ratio step / floor per repeat: issue 22's goal is <= 2x."""
+    rows = {}
+    print(f"   {'':40} {'step ms':>22} {'floor ms':>10} {'step / floor':>14}")
+    for system in [s for s in systems if s.kind == "chef"]:
+        steps = runs[(system.label, 1)]
+        floors = [system.bytes_per_step / bw * 1e3 for bw in runs["bandwidth"]]
+        ratios = [s / f for s, f in zip(steps, floors)]
+        row = {"step_ms": spread(steps), "floor_ms": spread(floors), "step_over_floor": spread(ratios),
+               "bytes_per_step": system.bytes_per_step, "backend": system.backend, "runs_ms": steps}
+        rows[system.label] = row
+        print(f"   {system.label:40} {fmt(row['step_ms'], 2):>22} {row['floor_ms']['median']:10.2f} "
+              f"{fmt(row['step_over_floor'], 2):>14}", flush=True)
     return rows
 
 
@@ -313,11 +341,12 @@ def main(argv=None) -> int:
                     for scheme in args.quantized.split(",") if scheme]
         systems += [transformers_system(folder, d, **common) for d in DTYPES]
         systems += llama_systems(args, folder, Path(tmp), num_tokens, fields["vocab_size"], results)
+        systems += [chef_system(backend, **common) for backend in ("reference", "fused")]
         print(f"checkpoint written, {len(systems)} systems loaded and warmed up in {time.perf_counter() - t0:.1f} s",
               flush=True)
         floor_bytes = {s.dtype: s.bytes_per_step for s in systems
                        if s.kind == "minilm-engine" and s.backend == "reference" and not s.batch1_only}
-        results["model_backends"] = {s.label: s.backend for s in systems if s.kind == "minilm-engine"}
+        results["model_backends"] = {s.label: s.backend for s in systems if s.kind in ("minilm-engine", "chef")}
 
         print(f"\n{results['model']}; {results['cpu']}; torch {torch.__version__}")
         print(f"{num_tokens} greedy tokens after a {args.prompt_tokens}-token prompt; median [min-max] of "
@@ -341,6 +370,8 @@ def main(argv=None) -> int:
         else:
             print("\n3. llama.cpp (llama-cpp-python) against the engine at the same precision, batch 1")
             results["llama_cpp"]["table"] = llama_table(runs, {s.label for s in systems})
+        print(f"\n4. the shipped noodle-chef (fp32) at batch 1 against its own floor ({CHEF})")
+        results["chef"] = chef_table(systems, runs)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

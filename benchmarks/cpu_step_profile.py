@@ -59,7 +59,7 @@ def timed(name: str, fn):
 def instrument(llm: LLM) -> None:
     """Wrap every leaf of the decode step in a `record_function` range named after its category."""
     for module in llm.model.modules():
-        if isinstance(module, decoder.RMSNorm):
+        if isinstance(module, (decoder.RMSNorm, fused_cpu.HeadwiseRMSNorm)):
             module.forward = timed("norms", module.forward)
         elif isinstance(module, (torch.nn.Linear, fused_cpu.FusedLinear, fused_cpu.MatVecHead)) or \
                 type(module).__name__.startswith("Quantized"):

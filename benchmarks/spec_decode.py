@@ -48,7 +48,7 @@ def main() -> int:
     print(f"noodle-chef (target) + noodle-apprentice (draft), greedy, max_tokens={max_tokens}, on {where}\n")
 
     print("1. batch 1: output tokens/s without (K = 0) and with speculation")
-    batch1 = measure_speculation(num_speculative_tokens=ks, batch_sizes=(1,), max_tokens=max_tokens,
+    batch1 = measure_speculation(num_speculative_tokens=ks, batch_sizes=(1,), max_tokens=max_tokens, num_prompts=2,
                                  num_repeats=repeats, device=str(device))
     table1 = speedup_table(batch1)
     _print_speedups(table1)
@@ -58,7 +58,7 @@ def main() -> int:
 
     print(f"2. larger batches, K = 0 vs K = {best['K']}: where speculation stops paying")
     bigger = measure_speculation(num_speculative_tokens=(best["K"],), batch_sizes=batches, max_tokens=max_tokens,
-                                 num_batches=1, num_repeats=repeats, device=str(device))
+                                 num_repeats=repeats, device=str(device))
     table2 = speedup_table(bigger)
     _print_speedups(table2)
 

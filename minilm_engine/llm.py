@@ -65,7 +65,7 @@ class LLM:
             "fused": on a CPU, q/k/v and gate/up fused into one matmul each (over oneDNN-packed
             weights in bf16; `models/fused_cpu.py`), built after loading; it warns and keeps the
             readable model where it cannot run (a GPU, fp16, quantized projections).  Default
-            (None): `$MINILM_MODEL_BACKEND`, else "reference"; from there "fused" falls back quietly.
+            (None): `$MINILM_MODEL_BACKEND`, else "fused", which then falls back quietly.
     """
 
     def __init__(

@@ -107,8 +107,15 @@ def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_
     assert list(data["batch1"]) == engines + quantized + hf + llama
     # the fused backend really ran (it did not fall back), and reads what the readable one reads;
     # quantized models keep their own kernels on the readable decoder
+    chefs = ["noodle-chef reference, fp32", "noodle-chef fused, fp32"]
     assert data["model_backends"] == {**{label: label.split()[1].rstrip(",") for label in engines},
-                                      **{label: "reference" for label in quantized}}
+                                      **{label: "reference" for label in quantized},
+                                      **{label: label.split()[1].rstrip(",") for label in chefs}}
+    # part 4: the shipped chef against its own floor (issue 22: within 2x)
+    assert "4. the shipped noodle-chef" in out and list(data["chef"]) == chefs
+    for row in data["chef"].values():
+        assert row["step_over_floor"]["median"] > 0 and len(row["runs_ms"]) == 2
+        assert row["bytes_per_step"] > 0 and row["floor_ms"]["median"] > 0
     assert data["floor"]["fp32"]["bytes_per_step"] == 2 * data["floor"]["bf16"]["bytes_per_step"]
     for row in data["batch1"].values():
         s = row["step_ms"]

@@ -57,3 +57,17 @@ def test_serve_process_answers_then_stops_on_ctrl_c():
         if process.poll() is None:
             process.kill()
             process.wait(10)
+
+
+@pytest.mark.parametrize("extra, backend", [([], "fused"), (["--model-backend", "reference"], "reference")])
+def test_model_backend_flag_reaches_the_engine(monkeypatch, extra, backend):
+    import argparse
+
+    from minilm_engine.entrypoints.cli import add_engine_arguments, llm_from_args
+
+    monkeypatch.delenv("MINILM_MODEL_BACKEND", raising=False)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    add_engine_arguments(parser)
+    args = parser.parse_args(["noodle-apprentice", "--device", "cpu", "--kv-cache-memory", str(8 << 20), *extra])
+    assert llm_from_args(args).model_backend == backend

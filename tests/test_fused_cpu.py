@@ -23,7 +23,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 def engines(path, **kwargs) -> tuple[LLM, LLM]:
     args = dict(record_trace=False, kv_cache_memory=8 << 20, **kwargs)
-    return LLM(path, **args), LLM(path, model_backend="fused", **args)
+    return LLM(path, model_backend="reference", **args), LLM(path, model_backend="fused", **args)
 
 
 def test_fused_greedy_equals_the_readable_model_token_for_token(checkpoint, prompts):
@@ -80,9 +80,12 @@ def test_fused_falls_back_with_the_reason_where_it_cannot_run(checkpoints):
 
 def test_the_default_backend_comes_from_the_environment(checkpoints, monkeypatch):
     path, args = checkpoints["llama"].path, dict(record_trace=False, kv_cache_memory=8 << 20)
-    assert LLM(path, **args).model_backend == "reference"  # unset: the readable model
+    monkeypatch.delenv("MINILM_MODEL_BACKEND", raising=False)
+    assert LLM(path, **args).model_backend == "fused"  # unset: the fast path, where it runs
+    monkeypatch.setenv("MINILM_MODEL_BACKEND", "reference")
+    assert LLM(path, **args).model_backend == "reference"
+    assert LLM(path, model_backend="fused", **args).model_backend == "fused"  # the argument wins
     monkeypatch.setenv("MINILM_MODEL_BACKEND", "fused")
-    assert LLM(path, **args).model_backend == "fused"
     assert LLM(path, model_backend="reference", **args).model_backend == "reference"  # the argument wins
     with warnings.catch_warnings():  # where it cannot run it falls back quietly: nobody asked this model
         warnings.filterwarnings("error", message=".*falls back")
@@ -90,3 +93,21 @@ def test_the_default_backend_comes_from_the_environment(checkpoints, monkeypatch
     monkeypatch.setenv("MINILM_MODEL_BACKEND", "compiled")
     with pytest.raises(ValueError, match=r"\$MINILM_MODEL_BACKEND must be one of"):
         LLM(path, **args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_headwise_norm_is_each_heads_own_norm_bit_for_bit(dtype):
+    from minilm_engine.models.decoder import RMSNorm
+    from minilm_engine.models.fused_cpu import HeadwiseRMSNorm
+
+    q_norm, k_norm = RMSNorm(8, 1e-6), RMSNorm(8, 1e-6)
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.5, 1.5)
+        k_norm.weight.uniform_(-1.0, 1.0)
+    q_norm, k_norm = q_norm.to(dtype), k_norm.to(dtype)
+    q = torch.randn(2, 3, 4, 8, dtype=dtype)  # (B, T, H, D)
+    k = torch.randn(2, 3, 2, 8, dtype=dtype)  # (B, T, H_kv, D)
+    together = HeadwiseRMSNorm([q_norm] * 4 + [k_norm] * 2)(torch.cat([q, k], dim=2))
+    assert torch.equal(together, torch.cat([q_norm(q), k_norm(k)], dim=2))
+    with pytest.raises(ValueError, match="different eps"):
+        HeadwiseRMSNorm([q_norm, RMSNorm(8, 1e-5)])

@@ -1,6 +1,5 @@
-"""Tests for experiments/real_shape.py (a known model's shape with random weights, its decode step
-against its weight-read floor) and kv_growth.token_time_rounds (chapter 02's alternating rounds).
-
+"""experiments/real_shape.py: a Qwen3-0.6B-shaped model with random weights, written once; its decode
+step against its weight-read floors; and kv_growth.token_time_rounds (chapter 02's alternating rounds).
 Behaviour only: shapes, pairing and counts, never a timing of this machine."""
 
 from __future__ import annotations
@@ -8,46 +7,37 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minilm_engine import LLM
+from minilm_engine import LLM, SamplingParams
 from minilm_engine.experiments import real_shape
-from minilm_engine.experiments.batching import weight_bytes
 from minilm_engine.experiments.kv_growth import token_time_rounds
 from minilm_engine.models.known_configs import KNOWN_CONFIGS
 
-TINY = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
 
-
-def test_fields_are_the_known_config_with_overrides():
-    fields = real_shape.random_model_fields(real_shape.QWEN3_0_6B, num_hidden_layers=3)
-    known = KNOWN_CONFIGS[real_shape.QWEN3_0_6B]
+def test_fields_are_qwen3_0_6b_with_the_layers_asked_for() -> None:
+    known = KNOWN_CONFIGS[real_shape.MODEL_ID]
+    fields = real_shape.qwen3_fields(3)
     assert fields["num_hidden_layers"] == 3
-    assert fields["hidden_size"] == known["hidden_size"] and fields["head_dim"] == known["head_dim"]
-    assert "architectures" not in fields and "torch_dtype" not in fields
+    for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "vocab_size"):
+        assert fields[name] == known[name]
+    assert real_shape.qwen3_fields()["num_hidden_layers"] == known["num_hidden_layers"]
+    with pytest.raises(ValueError, match="num_layers"):
+        real_shape.qwen3_fields(0)
 
 
-def test_fields_reject_unknown_models_fields_and_architectures():
-    with pytest.raises(KeyError, match="no known config"):
-        real_shape.random_model_fields("Qwen/Qwen9-1B")
-    with pytest.raises(ValueError, match="unknown config fields"):
-        real_shape.random_model_fields(real_shape.QWEN3_0_6B, num_layers=2)
-    llama = next(name for name, c in KNOWN_CONFIGS.items() if c["model_type"] == "llama")
-    with pytest.raises(ValueError, match="Qwen3 only"):
-        real_shape.random_model_fields(llama)
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory):
-    # The shape of Qwen3-0.6B cut down to a tiny one: same architecture, random bf16 weights.
-    return real_shape.build_random_model(tmp_path_factory.mktemp("qwen3"), real_shape.QWEN3_0_6B, max_num_seqs=4, **TINY)
-
-
-def test_built_model_has_the_asked_shape_in_bf16(tiny_qwen3):
-    model = tiny_qwen3.model
-    assert model.dtype == torch.bfloat16
-    assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 64
-    out = tiny_qwen3.generate("Order for table 7:", use_tqdm=False)
-    assert len(out[0].outputs[0].token_ids) > 0
+@pytest.mark.slow
+def test_the_checkpoint_is_written_once_and_loads_in_bf16(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MINILM_CACHE", str(tmp_path))
+    folder = real_shape.random_qwen3_folder(1)
+    assert folder.parent == tmp_path and not list(tmp_path.glob("*.partial"))
+    written = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    assert real_shape.random_qwen3_folder(1) == folder
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == written  # not written again
+    llm = real_shape.load_random_qwen3(1, max_model_len=64, num_kv_blocks=8)
+    assert llm.dtype == torch.bfloat16 and llm.config.num_hidden_layers == 1
+    assert llm.config.hidden_size == KNOWN_CONFIGS[real_shape.MODEL_ID]["hidden_size"]
+    out = llm.generate(["Order for table 7:"], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)  # noise tokens
+    assert len(out[0].outputs[0].token_ids) == 2
 
 
 def test_matvec_bandwidth_counts_the_weight_bytes_it_streams():
@@ -56,7 +46,8 @@ def test_matvec_bandwidth_counts_the_weight_bytes_it_streams():
     assert real_shape.measure_matvec_bandwidth(64, torch.float32, num_bytes=8, num_repeats=1) > 0  # one row at least
 
 
-def test_step_vs_floor_pairs_each_round(tiny_qwen3):
+def test_step_vs_floor_pairs_each_round(checkpoints):
+    tiny_qwen3 = LLM(checkpoints["qwen3"].path)
     rows = real_shape.step_vs_floor(tiny_qwen3.model, [2, 1], num_rounds=3, num_steps=2, context_len=8,
                                     bandwidth_bytes=1 << 20)
     assert [r.batch_size for r in rows] == [1, 2]
@@ -67,7 +58,6 @@ def test_step_vs_floor_pairs_each_round(tiny_qwen3):
     # One floor per round, shared by every batch size: weight bytes over that round's bandwidth.
     assert rows[0].floor_s == rows[1].floor_s and rows[0].matvec_floor_s == rows[1].matvec_floor_s
     assert all(f > 0 for f in rows[0].floor_s)
-    assert weight_bytes(tiny_qwen3.model) > 0
     with pytest.raises(ValueError, match="num_rounds"):
         real_shape.step_vs_floor(tiny_qwen3.model, [1], num_rounds=0)
 

@@ -20,7 +20,7 @@ def test_measure_speculation_reports_same_tokens_and_the_formula(checkpoints, dr
     monkeypatch.setattr(speculative, "sample_prompts", lambda n, seed=0: ["Hello", "Order for table 7:", "A bowl"][:n] * (n // 3 + 1))
     runs = speculative.measure_speculation(
         str(checkpoints["qwen3"].path), str(drafts["qwen3"]), num_speculative_tokens=(1, 3),
-        batch_sizes=(1, 2), max_tokens=12, num_batches=1, device="cpu",
+        batch_sizes=(1, 2), max_tokens=12, num_prompts=2, num_repeats=1, min_pairs=2, device="cpu",
     )
     assert [(r.batch_size, r.num_speculative_tokens) for r in runs] == [(1, 0), (1, 1), (1, 3), (2, 0), (2, 1), (2, 3)]
     assert all(r.same_tokens and r.tokens_per_s > 0 for r in runs)
@@ -32,6 +32,12 @@ def test_measure_speculation_reports_same_tokens_and_the_formula(checkpoints, dr
     for row in table:
         assert row["formula_tokens_per_round"] == pytest.approx(expected_tokens_per_round(row["alpha"], row["K"]))
     assert {r["speedup"] for r in speculative.speedup_table(runs) if r["K"] == 0} == {1.0}
+    # The same two prompts at both batch sizes: two timed batches of one at batch 1, and the one
+    # batch of two repeated to reach min_pairs; speedups pair unit with unit.
+    assert all(len(r.unit_seconds) == len(r.unit_tokens) == 2 for r in runs)
+    assert [sum(r.unit_tokens) for r in runs if r.batch_size == 1] == [r.num_output_tokens for r in runs if r.batch_size == 1]
+    assert {r.num_output_tokens for r in runs} == {runs[0].num_output_tokens}
+    assert len(speculative.paired_speedups(runs, 2, 3)) == 2 and speculative.paired_speedups(runs, 1, 0) == [1.0, 1.0]
     assert len(speculative.speedup_figure(runs).data) > 0 and len(speculative.tokens_per_round_figure(runs).data) == 3
 
 

@@ -42,6 +42,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--attention-backend", default=None, choices=["auto", "torch", "triton"])
     parser.add_argument("--enforce-eager", action="store_true", default=None)
+    parser.add_argument("--model-backend", default=None, choices=["fused", "reference"],
+                        help="fused (the fast CPU path, where it runs; the default, also from "
+                             "$MINILM_MODEL_BACKEND) or reference (the readable decoder)")
     parser.add_argument("--speculative-config", type=json_object, default=None,
                         help='speculative decoding, as vLLM spells it: \'{"model": "noodle-apprentice", '
                              '"num_speculative_tokens": 3}\'')
@@ -65,7 +68,8 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed,
-              max_model_len=args.max_model_len, record_trace=False, **engine_args)
+              max_model_len=args.max_model_len, model_backend=getattr(args, "model_backend", None),
+              record_trace=False, **engine_args)
     if llm.device.type == "cpu":
         threads = args.threads or cpu_threads_for(llm.num_parameters)
         if threads is not None:

@@ -39,6 +39,7 @@ import torch
 
 from ..data.noodle_corpus import sample_prompts
 from ..kv_cache.contiguous import ContiguousKVCache
+from ..models.fused_cpu import fused_weight_bytes
 from ..outputs import RequestOutput
 # one count of weight bytes for the package (a tied embedding once; a quantized layer's codes,
 # scales and offsets included); chapter 01 and the benchmarks import it from here
@@ -133,8 +134,10 @@ class DecodeCostModel:
         """Measure bandwidth and FLOP/s on the model's device, in the model's dtype."""
         device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
         return cls(
-            num_params=sum(p.numel() for p in model.parameters()),
-            weight_bytes=weight_bytes(model),
+            # From the shapes, and the fused CPU path's weights too: those are not parameters
+            # (`models/fused_cpu.py`), and the default backend fuses wherever it runs.
+            num_params=model.config.num_parameters(),
+            weight_bytes=weight_bytes(model) + fused_weight_bytes(model),
             bandwidth=measure_copy_bandwidth(num_repeats=num_repeats, device=device),
             # A GPU needs big products to reach its peak; a CPU core gets there at 1024.
             flops=measure_matmul_flops(

@@ -208,7 +208,9 @@ def qat_vs_ptq(
     config = config or QuantizationConfig("int4", group_size=128)
 
     def fresh():
-        return LLM(model, device="cpu", record_trace=False, kv_cache_memory=KV_CACHE_MEMORY)
+        # Trains and rounds the model's own nn.Linear layers: the readable model, not the fused one.
+        return LLM(model, device="cpu", record_trace=False, kv_cache_memory=KV_CACHE_MEMORY,
+                   model_backend="reference")
 
     llm = fresh()
     windows = heldout_windows(llm.tokenizer, num_heldout_documents)

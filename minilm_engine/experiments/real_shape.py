@@ -1,29 +1,38 @@
-"""A real-shaped model built at run time, and its decode step against its weight-read floor.
+"""A model of a real shape, without a download: Qwen3-0.6B's config (`models/known_configs.py`)
+with random bf16 weights, for the lessons about bytes and FLOPs that the shipped 7M-parameter
+chef cannot show (on a CPU its steps are mostly fixed per-step overhead).
 
-Contract: `build_random_model(folder, name)` writes a checkpoint with the shapes of a known model
-(`models/known_configs.py`, e.g. Qwen3-0.6B) and random bf16 weights, through
-`quantization.write_random_qwen3` (transformers writes it; nothing is downloaded), and returns
-the `LLM` that serves it.  `step_vs_floor(model, batch_sizes)` times decode steps with the
-package's one decode-step timer (`batching.time_decode_step`, which chapters 01 and 02 share) in
-interleaved rounds, and measures the copy bandwidth in every round too, so each round gives a
-step and its floor taken close together in time:
+Contract: `random_qwen3_folder(num_layers)` writes the checkpoint once (with
+`quantization.write_random_qwen3`, the benchmarks' writer) into a cache folder and returns it;
+`load_random_qwen3(num_layers, **llm_args)` loads it as an `LLM` in bf16.  `num_layers=None` is
+the real depth (28); a smoke run passes fewer layers, which shrinks every cost in proportion and
+keeps each layer's shapes.
 
-    weight-read floor (round i) = weight bytes / copy bandwidth (round i)
-    step / floor      (round i) = median step of round i / floor of round i
+Why random weights are enough: a forward pass costs the same whatever values its weights hold
+(the same matmuls over the same bytes), so its timings are the real model's; the tokens it
+produces are noise, so nothing here reads them.
 
-and a second floor at the rate a one-token matrix-vector product of the model's width and dtype
-really streams weights from memory (`measure_matvec_bandwidth`): a copy counts bytes read and
-written, and a bf16 matvec kernel on a CPU may stream slower than a copy does, so the step of a
-weight-bound model sits at that floor rather than at the copy's.
+    floors of one step (chapter 01's `DecodeCostModel`, measured on this machine):
+      decode  (1 token per request)   weight bytes / memory bandwidth     -> weight-read bound
+      prefill (T tokens)              prefill FLOPs(T) / matmul FLOP/s    -> compute bound
 
-The shipped noodle-chef (27 MiB in fp32) sits in a server CPU's last-level cache and its step is
-mostly fixed per-step work; a 0.6B model in bf16 (about 1.1 GiB) does not fit, so its step is
-close to the time to stream its weights from memory once, and a few more requests ride along.
+`step_vs_floor(model, batch_sizes)` times decode steps with the package's one decode-step timer
+(`batching.time_decode_step`, which chapters 01 and 02 share) in interleaved rounds, and in every
+round also measures the copy bandwidth and the rate a one-token bf16 matvec streams a large
+weight matrix (`measure_matvec_bandwidth`: a copy counts bytes read and written, and a CPU's bf16
+kernels may stream slower than a copy), so each round gives a step and its two weight-read
+floors taken close together in time:
+
+    copy floor   (round i) = weight bytes / copy bandwidth (round i)
+    matvec floor (round i) = weight bytes / matvec streaming rate (round i)
+
 Returns plain samples; the chapter turns them into intervals (`teaching.claims`).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,33 +41,48 @@ import torch
 import torch.nn.functional as F
 
 from ..llm import LLM
+from ..models.fused_cpu import fused_weight_bytes
 from ..models.known_configs import KNOWN_CONFIGS
 from .batching import _median_time, measure_copy_bandwidth, time_decode_step, weight_bytes
-from .quantization import write_random_qwen3
 
-QWEN3_0_6B = "Qwen/Qwen3-0.6B"
-
-
-def random_model_fields(name: str = QWEN3_0_6B, **overrides) -> dict:
-    """The config fields of known model `name` that a Qwen3 config takes, with `overrides`
-    (a smoke run passes fewer `num_hidden_layers`)."""
-    if name not in KNOWN_CONFIGS:
-        raise KeyError(f"no known config {name!r}; known: {sorted(KNOWN_CONFIGS)}")
-    fields = {k: v for k, v in KNOWN_CONFIGS[name].items() if k not in ("architectures", "torch_dtype")}
-    if fields.get("model_type") != "qwen3":
-        raise ValueError(f"{name} is a {fields.get('model_type')} model; write_random_qwen3 writes Qwen3 only")
-    unknown = set(overrides) - set(fields)
-    if unknown:
-        raise ValueError(f"unknown config fields {sorted(unknown)}")
-    return fields | overrides
+MODEL_ID = "Qwen/Qwen3-0.6B"
 
 
-def build_random_model(folder: str | Path, name: str = QWEN3_0_6B, max_num_seqs: int = 16, **overrides) -> LLM:
-    """Write a random-weight bf16 checkpoint with `name`'s shapes into `folder` and load it
-    (bf16, a small KV pool: the measurements here use their own contiguous caches)."""
-    write_random_qwen3(folder, **random_model_fields(name, **overrides))
-    return LLM(folder, dtype="bfloat16", max_num_seqs=max_num_seqs, record_trace=False,
-               kv_cache_memory=64 << 20, enable_prefix_caching=False)
+def cache_root() -> Path:
+    """Where written checkpoints are kept: $MINILM_CACHE, else ~/.cache/minilm_engine."""
+    return Path(os.environ.get("MINILM_CACHE") or Path.home() / ".cache" / "minilm_engine")
+
+
+def qwen3_fields(num_layers: int | None = None) -> dict:
+    """Qwen3-0.6B's config fields (transformers names), with `num_layers` layers if given."""
+    fields = {k: v for k, v in KNOWN_CONFIGS[MODEL_ID].items() if k not in ("architectures", "torch_dtype")}
+    if num_layers is not None:
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        fields["num_hidden_layers"] = num_layers
+    return fields
+
+
+def random_qwen3_folder(num_layers: int | None = None) -> Path:
+    """The folder of a random-weight Qwen3-0.6B-shaped checkpoint, written on first use."""
+    from .quantization import write_random_qwen3
+
+    fields = qwen3_fields(num_layers)
+    folder = cache_root() / f"random-qwen3-0.6b-{fields['num_hidden_layers']}layers"
+    if not (folder / "config.json").exists() or not any(folder.glob("*.safetensors")):
+        partial = folder.with_name(folder.name + ".partial")
+        write_random_qwen3(partial, **fields)
+        shutil.rmtree(folder, ignore_errors=True)  # an incomplete one from an older run
+        partial.rename(folder)  # a run killed mid-write leaves no folder that looks complete
+    return folder
+
+
+def load_random_qwen3(num_layers: int | None = None, **llm_args) -> LLM:
+    """`LLM` over `random_qwen3_folder(num_layers)` in bf16 on the CPU unless told otherwise
+    (`llm_args` are `LLM`'s: device, max_model_len, num_kv_blocks, ...)."""
+    llm_args.setdefault("dtype", "bfloat16")
+    llm_args.setdefault("record_trace", True)
+    return LLM(random_qwen3_folder(num_layers), **llm_args)
 
 
 def measure_matvec_bandwidth(
@@ -114,7 +138,7 @@ def step_vs_floor(
     step and its floors together."""
     if num_rounds < 1 or not batch_sizes:
         raise ValueError(f"need num_rounds >= 1 and at least one batch size, got {num_rounds}, {batch_sizes}")
-    num_bytes = weight_bytes(model)
+    num_bytes = weight_bytes(model) + fused_weight_bytes(model)  # (the fused CPU path's are not parameters)
     steps: dict[int, list[float]] = {b: [] for b in batch_sizes}
     floors: list[float] = []
     matvec_floors: list[float] = []

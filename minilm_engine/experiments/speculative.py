@@ -5,7 +5,8 @@ engine without speculation and with K = 1, 2, ... drafted tokens per step, and r
 `SpecRun` per (K, batch size): output tokens/s, whether the tokens equal the run without
 speculation, and the draft's acceptance counters.  `tokens_per_forward_table` puts the measured
 tokens per target forward next to the formula (1 - alpha^(K+1)) / (1 - alpha) evaluated at the
-measured alpha.  Timings are wall-clock on whatever machine runs them (best of `num_repeats`).
+measured alpha.  Timings are wall-clock on whatever machine runs them: paired repeats
+(`paired_speedups`), the same prompts at every batch size.
 
 Why it can pay at all: a decode step of a small batch is bandwidth-bound (chapter 01): reading
 the weights costs the same whether the step checks 1 token or K + 1 of them, so a round that
@@ -33,11 +34,15 @@ from ..spec_decode.metrics import SpecDecodingStats, expected_tokens_per_round
 class SpecRun:
     num_speculative_tokens: int  # 0: speculation off
     batch_size: int
-    num_output_tokens: int
-    seconds: float
+    num_output_tokens: int  # of one pass over the prompts
+    seconds: float  # one pass over the prompts: the median over repeats
     same_tokens: bool  # token for token what the run without speculation produced
-    stats: SpecDecodingStats | None  # None without speculation
-    num_target_forwards: int  # engine steps (each one forward of the target)
+    stats: SpecDecodingStats | None  # None without speculation (counters of one pass)
+    num_target_forwards: int  # engine steps of one pass (each one forward of the target)
+    # Every timed unit (one batch of one repeat), in the order run: the same order for every K of
+    # a batch size, so unit i of K and unit i of K = 0 ran back to back (a paired comparison).
+    unit_seconds: tuple[float, ...] = ()
+    unit_tokens: tuple[int, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:
@@ -49,19 +54,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_generate(llm: LLM, batches: list[list[str]], params: SamplingParams):
-    """One timed pass over the batches, one batch after the other: (outputs, seconds, target
-    forwards)."""
-    outputs, seconds, num_forwards = [], 0.0, 0
-    for batch in batches:
-        steps_before = llm.engine.num_steps
-        _sync(llm.device)
-        start = time.perf_counter()
-        outputs += llm.generate(batch, params, use_tqdm=False)
-        _sync(llm.device)
-        seconds += time.perf_counter() - start
-        num_forwards += llm.engine.num_steps - steps_before
-    return outputs, seconds, num_forwards
+def _timed_batch(llm: LLM, batch: list[str], params: SamplingParams):
+    """One timed batch: (outputs, seconds, target forwards)."""
+    steps_before = llm.engine.num_steps
+    _sync(llm.device)
+    start = time.perf_counter()
+    outputs = llm.generate(batch, params, use_tqdm=False)
+    _sync(llm.device)
+    return outputs, time.perf_counter() - start, llm.engine.num_steps - steps_before
 
 
 def measure_speculation(
@@ -70,24 +70,30 @@ def measure_speculation(
     num_speculative_tokens: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
     batch_sizes: tuple[int, ...] = (1,),
     max_tokens: int = 128,
-    num_batches: int = 2,
-    num_repeats: int = 1,
+    num_prompts: int | None = None,
+    num_repeats: int = 5,
+    min_pairs: int = 5,
     device: str | None = None,
     seed: int = 0,
 ) -> list[SpecRun]:
-    """For each batch size: the run without speculation (K = 0) first, then each K.
+    """For each batch size: the run without speculation (K = 0), then each K.
 
-    Requests are greedy noodle-shop prompts (`sample_prompts`), ending at EOS or `max_tokens`;
-    a batch of B is B different prompts submitted together, and `num_batches` batches run one
-    after the other (so batch 1 is not one prompt's luck).  Each K has its own engine; the
-    timed passes take turns over the Ks, `num_repeats` times, and each K keeps its fastest, so
-    a burst of load on a shared machine hits every K alike rather than one of them.
+    Requests are greedy noodle-shop prompts (`sample_prompts`), ending at EOS or `max_tokens`.
+    Every batch size runs **the same** `num_prompts` prompts (default: the largest batch size),
+    cut into batches of B that run one after the other; so a change across batch sizes is the
+    batch, not a different draft acceptance on different text.  Each K has its own engine.
+    Timing is paired: every batch runs with each K in turn, back to back, and the whole pass is
+    repeated `num_repeats` times, or more until every batch size has `min_pairs` timed batches
+    (a batch of all the prompts is one unit, so it is repeated); `paired_speedups` divides unit
+    by unit, so a burst of load on a shared machine hits both sides of a ratio.
     """
+    import math
+
     runs: list[SpecRun] = []
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     ks = (0, *num_speculative_tokens)
+    prompts = sample_prompts(num_prompts or max(batch_sizes), seed=seed)
     for batch_size in batch_sizes:
-        prompts = sample_prompts(batch_size * num_batches, seed=seed)
         batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
         engines = {}
         for k in ks:
@@ -95,20 +101,37 @@ def measure_speculation(
             engines[k] = LLM(target, device=device, max_num_seqs=batch_size, record_trace=False,
                              speculative_config=spec)
             engines[k].generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
-        best: dict[int, tuple] = {}
-        for _ in range(num_repeats):
+        repeats = max(num_repeats, math.ceil(min_pairs / len(batches)))
+        passes: dict[int, list[list[tuple]]] = {k: [] for k in ks}  # per K: per repeat, per batch
+        for _ in range(repeats):
             for k in ks:
-                result = _timed_generate(engines[k], batches, params)
-                if k not in best or result[1] < best[k][1]:
-                    best[k] = result
-        baseline_tokens = [o.outputs[0].token_ids for o in best[0][0]]
+                passes[k].append([])
+            for batch in batches:
+                for k in ks:
+                    passes[k][-1].append(_timed_batch(engines[k], batch, params))
+        baseline_tokens = [o.outputs[0].token_ids for unit in passes[0][0] for o in unit[0]]
         for k in ks:
-            outputs, seconds, num_forwards = best[k]
+            first = passes[k][0]
+            outputs = [o for unit in first for o in unit[0]]
             tokens = [o.outputs[0].token_ids for o in outputs]
-            stats = _stats_of(outputs, k) if k else None  # the timed pass only
-            runs.append(SpecRun(k, batch_size, sum(len(t) for t in tokens), seconds,
-                                tokens == baseline_tokens, stats, num_forwards))
+            units = [unit for one_pass in passes[k] for unit in one_pass]
+            stats = _stats_of(outputs, k) if k else None  # one pass (every pass drafts the same)
+            runs.append(SpecRun(
+                k, batch_size, sum(len(t) for t in tokens),
+                statistics.median(sum(u[1] for u in one_pass) for one_pass in passes[k]),
+                tokens == baseline_tokens, stats, sum(u[2] for u in first),
+                tuple(u[1] for u in units),
+                tuple(sum(len(o.outputs[0].token_ids) for o in u[0]) for u in units)))
     return runs
+
+
+def paired_speedups(runs: list[SpecRun], batch_size: int, num_speculative_tokens: int) -> list[float]:
+    """Tokens/s with K drafts over tokens/s without, timed batch by timed batch (each pair ran
+    back to back): the samples a median and an interval are made of."""
+    base, = (r for r in runs if r.batch_size == batch_size and r.num_speculative_tokens == 0)
+    run, = (r for r in runs if r.batch_size == batch_size and r.num_speculative_tokens == num_speculative_tokens)
+    return [(nt / st) / (bt / bs) for nt, st, bt, bs in
+            zip(run.unit_tokens, run.unit_seconds, base.unit_tokens, base.unit_seconds, strict=True)]
 
 
 def _stats_of(outputs, k: int) -> SpecDecodingStats:
@@ -120,15 +143,20 @@ def _stats_of(outputs, k: int) -> SpecDecodingStats:
 
 
 def speedup_table(runs: list[SpecRun]) -> list[dict]:
-    """One row per run: tokens/s and the ratio to the same batch size without speculation."""
+    """One row per run: tokens/s (of the median pass) and the speed-up over the same batch size
+    without speculation: the median of `paired_speedups` (the samples behind an interval), or
+    the ratio of the passes' tokens/s for a run without timed units."""
     base = {r.batch_size: r for r in runs if r.num_speculative_tokens == 0}
     rows = []
     for r in runs:
+        b = base[r.batch_size]
+        paired = r.unit_seconds and len(r.unit_seconds) == len(b.unit_seconds)
         rows.append({
             "batch_size": r.batch_size,
             "K": r.num_speculative_tokens,
             "tokens_per_s": r.tokens_per_s,
-            "speedup": r.tokens_per_s / base[r.batch_size].tokens_per_s,
+            "speedup": (statistics.median(paired_speedups(runs, r.batch_size, r.num_speculative_tokens))
+                        if paired else r.tokens_per_s / b.tokens_per_s),
             "same_tokens": r.same_tokens,
             "target_forwards": r.num_target_forwards,
             "draft_acceptance_rate": None if r.stats is None else r.stats.draft_acceptance_rate,

@@ -5,14 +5,16 @@ from the checkpoint, as always) and swaps, in every layer, the attention and the
 modules doing the same math with fewer, faster matmuls; `models/decoder.py` is untouched, and
 `"reference"` leaves the model as it is.  Where the fast path cannot run (not a CPU, a dtype
 oneDNN does not pack, quantized projections) it warns with the reason and keeps the readable model.
-`resolve_model_backend(None)` reads the default from `$MINILM_MODEL_BACKEND` ("reference" when
-unset), so a whole test suite can run with the fused path on; a backend that came from there
-falls back without a warning (it asked for "fused wherever it runs", not for this model).
+`resolve_model_backend(None)` reads the default from `$MINILM_MODEL_BACKEND`, "fused" when unset:
+the fast path is on wherever it runs, and a default that cannot run here (a GPU, fp16, quantized
+projections) falls back to the readable model without a warning (it asked for "fused wherever
+it runs", not for this model).  `MINILM_MODEL_BACKEND=reference` runs everything, the whole test
+suite included, on the readable decoder.
 
     readable (decoder.py)                       fused (this file)
     x ─ q_proj ─┐                               x ─ qkv_proj (one packed matmul) ─ split ─ q, k, v
     x ─ k_proj ─┼─ q, k, v
-    x ─ v_proj ─┘
+    x ─ v_proj ─┘                               q, k: one RMSNorm and one rotation over all their heads
     x ─ gate_proj ─┐                            x ─ gate_up_proj (one packed matmul) ─ split ─ g, u
     x ─ up_proj ───┴─ down(silu(g) * u)                          down(silu(g) * u)
     o_proj, down_proj: F.linear                 o_proj, down_proj: packed (bf16)
@@ -45,6 +47,7 @@ from .rope import apply_rotary
 
 MODEL_BACKENDS = ("reference", "fused")
 BACKEND_ENV = "MINILM_MODEL_BACKEND"
+DEFAULT_MODEL_BACKEND = "fused"  # where it cannot run, it falls back quietly (see the module doc)
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -73,8 +76,31 @@ class FusedLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+class HeadwiseRMSNorm(nn.Module):
+    """Several `decoder.RMSNorm`s of one size applied at once, one per head: x (..., heads, D)
+    -> head h normalised with norms[h]'s weight, by `decoder.RMSNorm`'s steps (the same bits)."""
+
+    def __init__(self, norms: list):
+        super().__init__()
+        eps = {norm.eps for norm in norms}
+        if len(eps) != 1:
+            raise ValueError(f"the norms have different eps {sorted(eps)}: they cannot run as one")
+        self.eps = eps.pop()
+        weight = torch.stack([norm.weight.detach() for norm in norms])  # (heads, D)
+        self.register_buffer("weight", weight, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
 class FusedAttention(nn.Module):
-    """`decoder.Attention` with q, k and v from one matmul (same norms, rotary and attention)."""
+    """`decoder.Attention` with q, k and v from one matmul, and q and k normalised and rotated
+    together: the same element-wise arithmetic as the readable model on every element (so the
+    same bits), in half the small ops.  Why: at one row each small op costs its call overhead,
+    not its arithmetic, and a layer had two of each (q's and k's)."""
 
     def __init__(self, attn: Attention):
         super().__init__()
@@ -82,19 +108,24 @@ class FusedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.qkv_proj = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
         self.o_proj = FusedLinear([attn.o_proj])
-        self.split = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim)
-        self.q_norm = getattr(attn, "q_norm", None)
-        self.k_norm = getattr(attn, "k_norm", None)
+        self.qk_dim = (self.num_heads + self.num_kv_heads) * self.head_dim  # q and k, side by side
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        # Kept as the checkpoint's weights (`LLM.weight_bytes` counts them); the step runs
+        # their per-head expansion, `qk_norm`.
+        if q_norm is not None:
+            self.q_norm, self.k_norm = q_norm, k_norm
+        self.qk_norm = None if q_norm is None else HeadwiseRMSNorm(
+            [q_norm] * self.num_heads + [k_norm] * self.num_kv_heads)
 
     def forward(self, x, cos, sin, attn) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(B, T, self.num_heads, self.head_dim)  # (B, T, H, D)
-        k = k.view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
-        v = v.view(B, T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        qkv = self.qkv_proj(x)  # (B, T, (H + 2 H_kv) D)
+        qk = qkv[..., : self.qk_dim].view(B, T, self.num_heads + self.num_kv_heads, self.head_dim)
+        v = qkv[..., self.qk_dim :].view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
+        if self.qk_norm is not None:
+            qk = self.qk_norm(qk)
+        qk = apply_rotary(qk, cos, sin)  # (B, T, H + H_kv, D)
+        q, k = qk[:, :, : self.num_heads], qk[:, :, self.num_heads :]
         out = attn.attend(self.layer_idx, q, k, v)  # (B, T, H, D)
         return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
 
@@ -160,7 +191,7 @@ def resolve_model_backend(requested: str | None) -> tuple[str, bool]:
     """(backend, asked for explicitly): `requested`, or `$MINILM_MODEL_BACKEND` when it is None."""
     if requested is not None:
         return requested, True
-    backend = os.environ.get(BACKEND_ENV, "reference")
+    backend = os.environ.get(BACKEND_ENV, DEFAULT_MODEL_BACKEND)
     if backend not in MODEL_BACKENDS:
         raise ValueError(f"${BACKEND_ENV} must be one of {MODEL_BACKENDS}, got {backend!r}")
     return backend, False
