@@ -18,7 +18,8 @@ from minilm_engine import pluggable
 from minilm_engine.kv_cache import block_table
 from minilm_engine.teaching import build
 from minilm_engine.teaching.build_runs import BuildSetup, reference_run
-from minilm_engine.teaching.build_pieces import CHUNK_ARGS, preempt_args
+from minilm_engine.engine.scheduler import admits as package_admits
+from minilm_engine.teaching.build_pieces import CHUNK_ARGS, admit_args, preempt_args
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,13 @@ def my_share_block(block, free_queue):
 
 def my_victim(candidates):
     return candidates[-1]
+
+
+def my_admits(state):
+    if state.num_preempted:  # the pool just ran short: a newcomer would push someone out again
+        return False
+    has_seat = state.num_running < state.max_num_seqs
+    return has_seat and state.num_new_tokens > 0 and state.num_new_blocks <= state.num_free_blocks
 
 
 def my_num_tokens(remaining, scheduled, max_batched, chunked):
@@ -101,6 +109,7 @@ CORRECT = {
     "slot_mapping": my_slot_mapping,
     "share_block": my_share_block,
     "preemption_victim": my_victim,
+    "admits": my_admits,
     "num_tokens_this_step": my_num_tokens,
     "accept_drafts": my_accept,
     "int8_weight": my_int8,
@@ -193,6 +202,47 @@ def test_preempting_the_oldest_is_caught(setup):
 def test_preemption_victim_wrong_answers(setup):
     assert_fails(build.check("preemption_victim", lambda c: len(c) - 1, setup), "not an index")
     assert_fails(build.check("preemption_victim", lambda c: None, setup), "not one of the candidates")
+
+
+def test_the_admission_workloads_bind_seats_budget_and_blocks(setup):
+    roomy, tight = admit_args(setup)
+    want = reference_run(setup, roomy)
+    assert max(len(step) for step in want.schedule) == roomy["max_num_seqs"] < len(setup.prompts)
+    assert sum(map(len, reference_run(setup, tight).preempted)) >= 1
+
+
+def _admits_without(part):
+    def rule(s):
+        checks = {"seats": s.num_running < s.max_num_seqs, "budget": s.num_new_tokens > 0,
+                  "blocks": s.num_new_blocks <= s.num_free_blocks, "preempted": s.num_preempted == 0}
+        return all(ok for name, ok in checks.items() if name != part)
+
+    return rule
+
+
+@pytest.mark.parametrize(
+    "part, phrases",
+    [
+        ("seats", ["max_num_seqs is 3", "every seat taken"]),
+        ("budget", ["token budget has no room", "num_new_tokens is 0"]),
+        ("blocks", ["pool does not have", "num_new_blocks > num_free_blocks"]),
+        ("preempted", ["just preempted", "thrashing"]),
+    ],
+)
+def test_admission_ignoring_one_limit_names_it(part, phrases, setup):
+    assert_fails(build.check("admits", _admits_without(part), setup), *phrases)
+
+
+def test_admission_that_never_admits_or_admits_one_at_a_time(setup):
+    assert_fails(build.check("admits", lambda s: False, setup), "keeps the queue's head waiting", "starved")
+    one_at_a_time = lambda s: s.num_running == 0 and my_admits(s)  # noqa: E731
+    assert_fails(build.check("admits", one_at_a_time, setup), "schedule differs", "starts now")
+
+
+def test_admission_wrong_type_and_the_package_function(setup):
+    assert_fails(build.check("admits", lambda s: None, setup), "True (the head starts) or False")
+    assert_fails(build.check("admits", package_admits, setup), "package's own")
+    assert_fails(build.check("admits", lambda s: package_admits(s), setup), "your function calls it")
 
 
 def test_the_chunk_workload_chunks(setup):

@@ -11,7 +11,8 @@ all requests draw on the same budget (vLLM v1's scheduler):
     2. if the pool runs out of blocks, the most recently arrived running request is preempted:
        its blocks are freed and it goes back to the front of the queue, to be recomputed later
        (so nothing is lost and the oldest requests always make progress);
-    3. then waiting requests, oldest first, reusing cached prefix blocks where they can.
+    3. then waiting requests, oldest first, reusing cached prefix blocks where they can; whether
+       the queue's head starts is one decision, `admits` (a seat, budget, blocks, no preemption).
 
 That is the "fcfs" policy (the default).  Under `scheduling_policy="priority"` (service tiers,
 `request_queue.py`) both lists are kept in rank order, (priority, arrival), and the step walks
@@ -128,6 +129,33 @@ def preemption_victim(candidates: list[Request]) -> Request:
     before have had their turn this step.  The last one, the newest: the oldest requests always
     make progress, and the newest has the least work to recompute."""
     return candidates[-1]
+
+
+@dataclass(frozen=True)
+class AdmissionState:
+    """What the waiting queue's head asks for, and what the step has left, when the scheduler
+    reaches it (running requests have had their tokens; earlier admissions theirs)."""
+
+    num_running: int  # requests in the batch now
+    max_num_seqs: int  # the batch's seats
+    num_new_tokens: int  # its tokens that this step's token budget leaves room for (0: none)
+    num_new_blocks: int  # KV blocks those tokens need, beyond its prefix-cache hit
+    num_free_blocks: int  # blocks the pool can hand out now (its hit's free blocks taken)
+    num_preempted: int  # requests preempted earlier in this step (the pool was short)
+
+
+@replaceable("scheduler.admits")
+def admits(state: AdmissionState) -> bool:
+    """Whether the waiting queue's head starts this step.  It needs a seat, tokens in the
+    budget, and blocks for them; and nobody starts in a step that had to preempt: the pool is
+    short, and a newcomer would only push a running request out again next step (thrashing).
+    A head that cannot start holds the queue: fcfs admits nobody behind it (no starvation)."""
+    return (
+        state.num_preempted == 0
+        and state.num_running < state.max_num_seqs
+        and state.num_new_tokens > 0
+        and state.num_new_blocks <= state.num_free_blocks
+    )
 
 
 @replaceable("scheduler.num_tokens_this_step")
@@ -269,13 +297,12 @@ class Scheduler:
         Under priority, a full batch gives up its last-ranked request's seat to a request that
         outranks it (as vLLM v0's priority scheduler did): an interactive request does not wait
         for a batch one to finish, and the batch request is recomputed later."""
-        if out.preempted:
-            return None
+        num_preempted = len(out.preempted)  # before a seat is taken below
         if request.waits_for_prefix and self.block_manager.enable_prefix_caching:
             return None  # n > 1: its sibling's prompt blocks are about to be cached
-        if len(self.running) >= self.config.max_num_seqs:
-            if not (may_take_a_seat and self.order.goes_before(request, self.running[-1])):
-                return None
+        num_seqs = self.config.max_num_seqs
+        if not num_preempted and len(self.running) >= num_seqs and may_take_a_seat \
+                and self.order.goes_before(request, self.running[-1]):
             victim = self.running.pop()
             self._preempt(victim)
             out.preempted.append(victim)
@@ -285,10 +312,21 @@ class Scheduler:
         if request.skip_reading_prefix_cache:  # prompt logprobs: every position is computed
             computed_blocks, num_cached = [], 0
         num_new = self._num_tokens_to_compute(request.num_tokens, num_cached, budget)
-        if num_new == 0 or not self.block_manager.allocate_slots(
-            request.request_id, num_cached, num_new, computed_blocks
-        ):
+        manager = self.block_manager
+        state = AdmissionState(
+            num_running=len(self.running),
+            max_num_seqs=num_seqs,
+            num_new_tokens=num_new,
+            num_new_blocks=manager.num_blocks_to_allocate(request.request_id, num_cached, num_new, computed_blocks),
+            num_free_blocks=manager.num_free_blocks_beside(computed_blocks),
+            num_preempted=num_preempted,
+        )
+        if not admits(state):  # the decision; what follows carries it out
             return None
+        if num_new == 0:
+            raise RuntimeError(f"request {request.request_id!r} was admitted with no tokens to compute: {state}")
+        if not manager.allocate_slots(request.request_id, num_cached, num_new, computed_blocks):
+            raise RuntimeError(f"request {request.request_id!r} was admitted but the pool cannot hold it: {state}")
         self.waiting.popleft()  # `request` is the queue's head
         self.order.place(self.running, request)
         self.num_prefix_cache_queries += request.num_tokens

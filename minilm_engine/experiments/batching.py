@@ -203,6 +203,7 @@ class DecodeTiming:
     step_s: float  # median wall time of one decode step
     min_step_s: float
     round_step_s: tuple[float, ...] = ()  # each interleaved round's median (see _sweep), for intervals
+    steps_s: tuple[float, ...] = ()  # every timed step (of every round, after _sweep): for a P99
 
     @property
     def tokens_per_s(self) -> float:
@@ -241,7 +242,7 @@ def time_decode_step(
         _sync(device)
         times.append(time.perf_counter() - start)
     times = times[1:]
-    return DecodeTiming(batch_size, statistics.median(times), min(times))
+    return DecodeTiming(batch_size, statistics.median(times), min(times), steps_s=tuple(times))
 
 
 def time_engine_decode_step(
@@ -279,23 +280,25 @@ def time_engine_decode_step(
         times.append(record.duration_s)
     for r in requests:
         engine.abort_request(r.request_id)
-    return DecodeTiming(batch_size, statistics.median(times), min(times))
+    return DecodeTiming(batch_size, statistics.median(times), min(times), steps_s=tuple(times))
 
 
 def _sweep(measure, batch_sizes: list[int], num_rounds: int) -> list[DecodeTiming]:
     """measure(b) for every batch size, `num_rounds` interleaved rounds (so a burst of other
     work on a shared machine does not land on one batch size only); keep each size's fastest
     median, and every round's median in `round_step_s` (round i of two sizes ran close in time:
-    their ratio round by round is a paired measurement)."""
+    their ratio round by round is a paired measurement), and every timed step in `steps_s`."""
     best: dict[int, DecodeTiming] = {}
     rounds: dict[int, list[float]] = {}
+    steps: dict[int, list[float]] = {}
     for _ in range(num_rounds):
         for b in sorted(batch_sizes):
             timing = measure(b)
             rounds.setdefault(b, []).append(timing.step_s)
+            steps.setdefault(b, []).extend(timing.steps_s)
             if b not in best or timing.step_s < best[b].step_s:
                 best[b] = timing
-    return [replace(best[b], round_step_s=tuple(rounds[b])) for b in sorted(best)]
+    return [replace(best[b], round_step_s=tuple(rounds[b]), steps_s=tuple(steps[b])) for b in sorted(best)]
 
 
 def last_level_cache_bytes() -> int | None:

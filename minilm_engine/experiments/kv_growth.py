@@ -2,7 +2,9 @@
 
 Contract: the timing functions run the package's real strategies ("no_cache" recomputes the
 whole sequence every step, "kv_cache" keeps keys and values) through `LLM.generate` with greedy
-decoding and EOS ignored, so both produce exactly `num_tokens` identical tokens.  The memory
+decoding and EOS ignored, so both produce exactly `num_tokens` identical tokens;
+`token_time_rounds` alternates them round by round and, in each round, also times the bare
+model's decode step with `batching.time_decode_step` (the timer chapter 01 uses too).  The memory
 functions are arithmetic on a `ModelConfig`, plus `measure_kv_growth`, which steps the paged
 engine and reads how many KV blocks one request holds after each step.
 
@@ -18,6 +20,7 @@ and the cache holds, per token, one key and one value vector per layer and per K
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -26,6 +29,7 @@ import torch
 from ..kv_cache.paged import PagedKVCache
 from ..models.config import ModelConfig
 from ..sampling_params import SamplingParams
+from .batching import time_decode_step
 
 GiB = 1 << 30
 
@@ -87,21 +91,70 @@ def measure_token_times(llm, prompt: str, num_tokens: int, num_repeats: int = 1)
     return TokenTimes(llm.strategy_name, len(out.prompt_token_ids), out.outputs[0].token_ids, best)
 
 
+@dataclass(frozen=True)
+class TokenTimeRounds:
+    """Alternating rounds of one generation per strategy, plus the bare model's decode step.
+
+    `runs[name][i]`: strategy `name`'s token times in round i (each strategy generated once per
+    round, taking turns, so a burst of load elsewhere hits every strategy of a round).
+    `decode_step_s[i]`: in the same round, `batching.time_decode_step` at batch 1 (the one
+    decode-step timer chapters 01 and 02 share: the model alone, contiguous cache, argmax) on the
+    "kv_cache" LLM's model at context `decode_context_len`.
+    """
+
+    runs: dict[str, list[TokenTimes]]
+    decode_step_s: list[float]
+    decode_context_len: int
+
+    def fastest(self, name: str) -> TokenTimes:
+        """Strategy `name`'s token times, each token's fastest over the rounds (noise only adds)."""
+        runs = self.runs[name]
+        latencies = [min(times) for times in zip(*(run.latencies_s for run in runs))]
+        return TokenTimes(runs[0].strategy, runs[0].num_prompt_tokens, runs[0].token_ids, latencies)
+
+    def per_token_s(self, name: str, start: int = 1, stop: int | None = None) -> list[float]:
+        """Per round, the median time of output tokens [start, stop) (token 0 holds the prefill)."""
+        return [statistics.median(run.latencies_s[start:stop]) for run in self.runs[name]]
+
+
+def token_time_rounds(
+    llms: dict[str, object], prompt: str, num_tokens: int, num_rounds: int = 5, num_decode_steps: int = 16
+) -> TokenTimeRounds:
+    """`num_rounds` rounds; in each, every LLM generates `num_tokens` once (`measure_token_times`),
+    then the "kv_cache" LLM's bare model is timed by `time_decode_step` at batch 1, at the
+    context of the middle of the generation.  See `TokenTimeRounds`."""
+    if num_rounds < 1:
+        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
+    if "kv_cache" not in llms:
+        raise ValueError(f"the decode step is timed on the 'kv_cache' LLM's model; got {sorted(llms)}")
+    runs: dict[str, list[TokenTimes]] = {name: [] for name in llms}
+    steps: list[float] = []
+    context_len = None
+    for _ in range(num_rounds):
+        for name, llm in llms.items():
+            runs[name].append(measure_token_times(llm, prompt, num_tokens))
+        if context_len is None:
+            context_len = runs["kv_cache"][0].num_prompt_tokens + num_tokens // 2
+        steps.append(time_decode_step(llms["kv_cache"].model, 1, context_len, num_decode_steps).step_s)
+    return TokenTimeRounds(runs, steps, context_len)
+
+
 def compare_strategies(
     llms: dict[str, object], prompt: str, lengths: list[int], num_repeats: int = 2
 ) -> list[dict[str, float]]:
     """For each length, the fastest of `num_repeats` generations with each LLM.
 
     The LLMs take turns inside every repeat, so a burst of load from elsewhere hits both.
-    Returns one row per length: {"num_new_tokens": n, name: seconds, ...}.
+    Returns one row per length: {"num_new_tokens": n, name: seconds, ..., "repeats_s": {name:
+    [seconds of each repeat]}} (repeat i of two LLMs ran back to back: a paired measurement).
     """
     rows = []
     for n in lengths:
-        best = {name: float("inf") for name in llms}
+        repeats: dict[str, list[float]] = {name: [] for name in llms}
         for _ in range(num_repeats):
             for name, llm in llms.items():
-                best[name] = min(best[name], time_generation(llm, prompt, n))
-        rows.append({"num_new_tokens": n, **best})
+                repeats[name].append(time_generation(llm, prompt, n))
+        rows.append({"num_new_tokens": n, **{name: min(r) for name, r in repeats.items()}, "repeats_s": repeats})
     return rows
 
 
@@ -231,7 +284,7 @@ def strategy_times_figure(rows: list[dict[str, float]], title: str = ""):
     import plotly.graph_objects as go
 
     lengths = [row["num_new_tokens"] for row in rows]
-    names = [key for key in rows[0] if key != "num_new_tokens"]
+    names = [key for key in rows[0] if key not in ("num_new_tokens", "repeats_s")]
     fig = go.Figure([
         go.Scatter(x=lengths, y=[row[name] for row in rows], mode="lines+markers", name=name)
         for name in names

@@ -15,16 +15,35 @@ produces are noise, so nothing here reads them.
     floors of one step (chapter 01's `DecodeCostModel`, measured on this machine):
       decode  (1 token per request)   weight bytes / memory bandwidth     -> weight-read bound
       prefill (T tokens)              prefill FLOPs(T) / matmul FLOP/s    -> compute bound
+
+`step_vs_floor(model, batch_sizes)` times decode steps with the package's one decode-step timer
+(`batching.time_decode_step`, which chapters 01 and 02 share) in interleaved rounds, and in every
+round also measures the copy bandwidth and the rate a one-token bf16 matvec streams a large
+weight matrix (`measure_matvec_bandwidth`: a copy counts bytes read and written, and a CPU's bf16
+kernels may stream slower than a copy), so each round gives a step and its two weight-read
+floors taken close together in time:
+
+    copy floor   (round i) = weight bytes / copy bandwidth (round i)
+    matvec floor (round i) = weight bytes / matvec streaming rate (round i)
+
+Returns plain samples; the chapter turns them into intervals (`teaching.claims`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
+
 from ..llm import LLM
+from ..models.fused_cpu import fused_weight_bytes
 from ..models.known_configs import KNOWN_CONFIGS
+from .batching import _median_time, measure_copy_bandwidth, time_decode_step, weight_bytes
 
 MODEL_ID = "Qwen/Qwen3-0.6B"
 
@@ -64,3 +83,70 @@ def load_random_qwen3(num_layers: int | None = None, **llm_args) -> LLM:
     llm_args.setdefault("dtype", "bfloat16")
     llm_args.setdefault("record_trace", True)
     return LLM(random_qwen3_folder(num_layers), **llm_args)
+
+
+def measure_matvec_bandwidth(
+    in_features: int, dtype: torch.dtype, num_bytes: int = 1 << 28, num_repeats: int = 3,
+    device: str | torch.device = "cpu",
+) -> float:
+    """Bytes/s at which one token's matrix-vector product streams a weight matrix of `num_bytes`
+    (in_features wide, in `dtype`) that does not fit in the caches: the weight-read rate a decode
+    step's linear layers actually get, which a copy (read + write) does not tell."""
+    device = torch.device(device)
+    num_rows = max(1, num_bytes // (in_features * dtype.itemsize))
+    weight = torch.randn(num_rows, in_features, device=device).to(dtype)  # (N, K)
+    x = torch.randn(1, in_features, device=device).to(dtype)  # (1, K): one token
+    seconds = _median_time(lambda: F.linear(x, weight), num_repeats, device)
+    return weight.numel() * weight.element_size() / seconds
+
+
+@dataclass(frozen=True)
+class StepVsFloor:
+    """One batch size's decode steps and the weight-read floor, round by round (paired)."""
+
+    batch_size: int
+    step_s: tuple[float, ...]  # each round's median decode step
+    floor_s: tuple[float, ...]  # each round's weight bytes / copy bandwidth
+    matvec_floor_s: tuple[float, ...] = ()  # each round's weight bytes / matvec streaming rate
+
+    @property
+    def over_floor(self) -> tuple[float, ...]:
+        """step / floor, round by round: 1.0 is a step that only streams the weights."""
+        return tuple(s / f for s, f in zip(self.step_s, self.floor_s, strict=True))
+
+    @property
+    def over_matvec_floor(self) -> tuple[float, ...]:
+        """step / (weight bytes at the rate a one-token matvec streams weights), round by round."""
+        return tuple(s / f for s, f in zip(self.step_s, self.matvec_floor_s, strict=True))
+
+    @property
+    def median_step_s(self) -> float:
+        return statistics.median(self.step_s)
+
+
+def step_vs_floor(
+    model,
+    batch_sizes: list[int],
+    num_rounds: int = 5,
+    num_steps: int = 6,
+    context_len: int = 32,
+    bandwidth_bytes: int = 1 << 28,
+) -> list[StepVsFloor]:
+    """Per round: the copy bandwidth (`measure_copy_bandwidth`) and the rate a one-token matvec of
+    the model's width and dtype streams weights (`measure_matvec_bandwidth`), then
+    `time_decode_step` at every batch size; so a burst of other work on a shared machine moves a
+    step and its floors together."""
+    if num_rounds < 1 or not batch_sizes:
+        raise ValueError(f"need num_rounds >= 1 and at least one batch size, got {num_rounds}, {batch_sizes}")
+    num_bytes = weight_bytes(model) + fused_weight_bytes(model)  # (the fused CPU path's are not parameters)
+    steps: dict[int, list[float]] = {b: [] for b in batch_sizes}
+    floors: list[float] = []
+    matvec_floors: list[float] = []
+    for _ in range(num_rounds):
+        bandwidth = measure_copy_bandwidth(bandwidth_bytes, num_repeats=3, device=model.device)
+        floors.append(num_bytes / bandwidth)
+        rate = measure_matvec_bandwidth(model.config.hidden_size, model.dtype, bandwidth_bytes, device=model.device)
+        matvec_floors.append(num_bytes / rate)
+        for b in sorted(batch_sizes):
+            steps[b].append(time_decode_step(model, b, context_len, num_steps).step_s)
+    return [StepVsFloor(b, tuple(steps[b]), tuple(floors), tuple(matvec_floors)) for b in sorted(batch_sizes)]

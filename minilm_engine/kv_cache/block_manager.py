@@ -165,11 +165,24 @@ class BlockManager:
         self.block_tables[request_id].extend(self.block_pool.get_new_blocks(num_new_blocks))
         return True
 
-    def _fits(self, num_new_blocks: int, computed_blocks: Sequence[KVCacheBlock]) -> bool:
-        # A hit on a cached-free block takes it out of the free queue: it is no longer
-        # available for the new blocks.
+    def num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        computed_blocks: Sequence[KVCacheBlock] = (),
+    ) -> int:
+        """How many new blocks `allocate_slots` with the same arguments takes from the pool."""
+        return self._num_new_blocks_needed(request_id, num_computed_tokens, num_new_tokens, computed_blocks)
+
+    def num_free_blocks_beside(self, computed_blocks: Sequence[KVCacheBlock] = ()) -> int:
+        """Free blocks left for new ones once the prefix hit `computed_blocks` is taken: a hit on
+        a cached-free block takes it out of the free queue."""
         num_hits_on_free = sum(1 for block in computed_blocks if block.ref_cnt == 0)
-        return num_new_blocks <= self.block_pool.num_free_blocks - num_hits_on_free
+        return self.block_pool.num_free_blocks - num_hits_on_free
+
+    def _fits(self, num_new_blocks: int, computed_blocks: Sequence[KVCacheBlock]) -> bool:
+        return num_new_blocks <= self.num_free_blocks_beside(computed_blocks)
 
     def _num_new_blocks_needed(
         self,

@@ -17,6 +17,7 @@ The pieces, in the order of the course's build path (`PIECES`, `notebooks/README
     03       slot_mapping         token positions -> cache slots through a block table
     03       share_block          a prefix-cache hit: the block's ref count and the free queue
     01       preemption_victim    out of blocks: which running request gives its blocks up
+    01       admits               whether the waiting queue's head starts this step
     04       num_tokens_this_step how many of a request's tokens fit this step's token budget
     05       accept_drafts        speculative sampling's accept / resample rule
     06       int8_weight          per-channel symmetric INT8 quantization of a weight

@@ -301,6 +301,125 @@ _piece(
 )
 
 
+# -- 01: admission: who starts from the waiting queue this step --------------------------------------
+
+def admit_args(setup: BuildSetup) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two engines where each part of the decision binds.  Roomy: 3 seats for 5 requests and a
+    token budget that holds the longest request but not two long prompts (no chunking: a prompt
+    that does not fit waits).  Tight: the same with a pool just above the longest request, so
+    admissions wait for blocks and running requests are preempted."""
+    lengths = prompt_lengths(setup)
+    longest = max(lengths) + setup.max_tokens
+    budget = longest + 7
+    roomy = {"block_size": 2, "num_kv_blocks": (sum(lengths) + len(lengths) * setup.max_tokens) // 2 + 8,
+             "max_num_seqs": 3, "max_model_len": budget, "max_num_batched_tokens": budget,
+             "enable_chunked_prefill": False}
+    return roomy, {**roomy, "num_kv_blocks": -(-longest // 2) + 1}
+
+
+def _adapt_admits(fn: Fn) -> Fn:
+    def call(state):
+        answer = fn(state)
+        is_bool = isinstance(answer, bool) or type(answer).__name__ == "bool_" or (
+            isinstance(answer, torch.Tensor) and answer.dtype == torch.bool and answer.numel() == 1)
+        if not is_bool:  # (None, a count, a request: the scheduler needs a yes or a no)
+            raise PieceError(f"return True (the head starts) or False (it waits), got {answer!r:.60} "
+                             f"({type(answer).__name__})")
+        return bool(answer)
+
+    return call
+
+
+def _seats_observer(llm, step: int) -> None:
+    running = llm.engine.scheduler.running
+    limit = llm.engine.config.max_num_seqs
+    if len(running) > limit:
+        raise BuildFailure(
+            f"after step {step}, {len(running)} requests {[r.request_id for r in running]} are running but "
+            f"max_num_seqs is {limit}: your rule admitted a request with every seat taken"
+        )
+
+
+def _run_admission(fn: Fn, setup: BuildSetup, args: dict[str, Any], want) -> Any:
+    try:
+        return _with("scheduler.admits", fn,
+                     lambda: run_engine(setup, args, observe=_seats_observer, max_steps=4 * want.num_steps + 20))
+    except RuntimeError as e:  # the scheduler refuses to carry out an impossible admission
+        text = str(e)
+        if "cannot hold it" in text:
+            raise BuildFailure(
+                f"your rule admitted a request whose KV blocks the pool does not have ({text.split(': ', 1)[1]}): "
+                f"num_new_blocks > num_free_blocks. A request that starts must have room for its tokens now"
+            ) from None
+        if "no tokens to compute" in text:
+            raise BuildFailure(
+                f"your rule admitted a request for which this step's token budget has no room "
+                f"({text.split(': ', 1)[1]}): num_new_tokens is 0. The budget is shared by the whole step"
+            ) from None
+        raise
+    except BuildFailure as e:
+        if "stopped making progress" in str(e):
+            raise BuildFailure(f"your rule keeps the queue's head waiting although it has a seat, budget and "
+                               f"blocks: {e}") from None
+        raise
+
+
+def _probe_no_admission_after_preemption(fn: Fn) -> None:
+    """The runs may not reach this state; a step that preempted and still has seat, budget and blocks."""
+    from ..engine.scheduler import AdmissionState
+
+    state = AdmissionState(num_running=1, max_num_seqs=3, num_new_tokens=6, num_new_blocks=3,
+                           num_free_blocks=4, num_preempted=1)
+    if get_adapter("scheduler.admits")(fn)(state):
+        raise BuildFailure(
+            f"in a step that has just preempted a request (the pool ran short), your rule admits a newcomer "
+            f"({state}): the blocks it takes are the ones the preempted request needs to come back, so next "
+            f"step someone is preempted again (thrashing). Admit nobody in a step that preempted"
+        )
+
+
+def _check_admits(fn: Fn, setup: BuildSetup) -> list[str]:
+    from .build_runs import first_schedule_difference
+
+    roomy, tight = admit_args(setup)
+    details = []
+    for label, args in ((f"{roomy['max_num_seqs']} seats, a {roomy['max_num_batched_tokens']}-token budget", roomy),
+                        (f"a pool of {tight['num_kv_blocks']} blocks", tight)):
+        want = reference_run(setup, args)
+        got = _run_admission(fn, setup, args, want)
+        diff = first_schedule_difference(got, want)
+        if diff is not None:
+            raise BuildFailure(
+                f"with {label}, the schedule differs from the reference scheduler's: {diff} (a request that "
+                f"has a seat, budget and blocks, in a step that preempted nobody, starts now)"
+            )
+        details.append(f"{label}: {got.num_steps} steps, the same admissions as the reference scheduler, "
+                       f"{sum(map(len, got.preempted))} preemptions; " + require_same_tokens(got, want, setup))
+    _probe_no_admission_after_preemption(fn)
+    return [*details, "the block pool empty after every run", _calls("scheduler.admits")]
+
+
+_piece(
+    name="admits",
+    registry_name="scheduler.admits",
+    chapter="01",
+    signature=(
+        "def admits(state) -> bool\n"
+        "  the scheduler has served the running requests and reaches the head of the waiting queue;\n"
+        "  state has num_running, max_num_seqs, num_new_tokens (its tokens the step's budget has room\n"
+        "  for, 0 if none), num_new_blocks (KV blocks they need), num_free_blocks, num_preempted (requests\n"
+        "  preempted earlier in this step). True: it starts now; False: it and everyone behind it wait"
+    ),
+    hint=(
+        "a newcomer needs somewhere to sit, a share of this step's work, and memory for what it computes; "
+        "and think about what the pool running short in this very step says about letting anyone new in."
+    ),
+    adapt=_adapt_admits,
+    run_check=_check_admits,
+    solutions="01_batching_solutions.ipynb",
+)
+
+
 # -- 04: the token budget of one step --------------------------------------------------------------
 
 CHUNK_ARGS = {
