@@ -46,6 +46,9 @@ class Setting:
     quantization: str | None = None
     options: dict = field(default_factory=dict)
     dtype: str = "auto"  # the model dtype (activations, scales, unquantized weights)
+    # LLM's model_backend: None is the default (the fused CPU path where it runs; a quantized
+    # model keeps the readable decoder), "reference" the readable decoder for this row too.
+    model_backend: str | None = None
 
 
 def default_settings(group_sizes=(32, 64, 128)) -> list[Setting]:
@@ -149,7 +152,7 @@ def quality_table(
     for setting in settings:
         start = time.perf_counter()
         llm = LLM(model, quantization=setting.quantization, quantization_config=setting.options or None,
-                  record_trace=False, kv_cache_memory=KV_CACHE_MEMORY)
+                  record_trace=False, kv_cache_memory=KV_CACHE_MEMORY, model_backend=setting.model_backend)
         seconds = time.perf_counter() - start
         windows = heldout_windows(llm.tokenizer, num_heldout_documents)
         row = {
@@ -265,7 +268,8 @@ def decode_speed_table(model, settings: list[Setting], num_tokens: int = 16, pro
 
     def load(setting):
         llm = LLM(model, quantization=setting.quantization, quantization_config=setting.options or None,
-                  dtype=setting.dtype, max_num_seqs=1, record_trace=False, kv_cache_memory=KV_CACHE_MEMORY)
+                  dtype=setting.dtype, max_num_seqs=1, record_trace=False, kv_cache_memory=KV_CACHE_MEMORY,
+                  model_backend=setting.model_backend)
         speed(llm, 2)  # warm-up
         return llm
 
