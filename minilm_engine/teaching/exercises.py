@@ -28,6 +28,21 @@ from typing import Any
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
 
 
+class StoredCases:
+    """Cases kept in `fixtures/<fixture>.json`, read from the file on every use (a checker never
+    judges against a copy that the learner's code could have changed)."""
+
+    def __init__(self, fixture: str) -> None:
+        self.fixture = fixture
+
+    def _stored(self) -> list[dict]:
+        return json.loads((FIXTURES_DIR / f"{self.fixture}.json").read_text())
+
+    @property
+    def num_cases(self) -> int:
+        return len(self._stored())
+
+
 @dataclass
 class CheckResult:
     passed: bool

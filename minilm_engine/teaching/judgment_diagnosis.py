@@ -26,14 +26,13 @@ so it names what the answer overlooked.  No function here returns an expected an
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from .exercises import FIXTURES_DIR, CheckResult
+from .exercises import CheckResult, StoredCases
 
 CAUSES = ("long prefill", "preemption", "full pool", "full batch")
 FIXTURE = "diagnosis_cases"
@@ -156,18 +155,11 @@ def _step_feedback(case: Case, cause: str, step: int, expected_step: int) -> str
             "`waiting` above 0)" if step > expected_step else "that is before the queue formed")
 
 
-class DiagnosisExercise:
+class DiagnosisExercise(StoredCases):
     """The stored cases and their checker (see the module docstring)."""
 
     def __init__(self, fixture: str = FIXTURE) -> None:
-        self.fixture = fixture
-
-    def _stored(self) -> list[dict]:
-        return json.loads((FIXTURES_DIR / f"{self.fixture}.json").read_text())
-
-    @property
-    def num_cases(self) -> int:
-        return len(self._stored())
+        super().__init__(fixture)
 
     def case(self, index: int) -> Case:
         raw = self._stored()[index]

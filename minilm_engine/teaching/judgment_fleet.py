@@ -35,7 +35,7 @@ from typing import Any
 
 import pandas as pd
 
-from .exercises import FIXTURES_DIR, CheckResult
+from .exercises import CheckResult, StoredCases
 
 FIXTURE = "fleet_cases"
 REL_TOL = 1e-4
@@ -65,18 +65,11 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL)
 
 
-class FleetExercise:
+class FleetExercise(StoredCases):
     """The stored cases and their checker (see the module docstring)."""
 
     def __init__(self, fixture: str = FIXTURE) -> None:
-        self.fixture = fixture
-
-    def _stored(self) -> list[dict]:
-        return json.loads((FIXTURES_DIR / f"{self.fixture}.json").read_text())
-
-    @property
-    def num_cases(self) -> int:
-        return len(self._stored())
+        super().__init__(fixture)
 
     def case(self, index: int) -> FleetCase:
         raw = self._stored()[index]["inputs"]
