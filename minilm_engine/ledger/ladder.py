@@ -126,6 +126,17 @@ class RungResult:
         return self.measurement is not None
 
 
+def rung_arguments(rung: Rung, common: dict, max_num_seqs: int) -> tuple[dict, dict]:
+    """(the `LLM` arguments of `rung` over `common`, the settings a measurement records)."""
+    kwargs = {**common, **rung.llm_kwargs}
+    if kwargs.get("strategy", "continuous") in BATCHING_STRATEGIES:  # the others run 1 at a time
+        kwargs.setdefault("max_num_seqs", max_num_seqs)
+    settings = {"rung": rung.name, **{k: v for k, v in kwargs.items() if k != "speculative_config"}}
+    if "speculative_config" in kwargs:
+        settings["speculative"] = str(kwargs["speculative_config"])
+    return kwargs, settings
+
+
 def run_rung(
     rung: Rung, workload: Workload, *, model=None, device=None, max_num_seqs: int = 8,
     num_repeats: int = 1, machine: str | None = None, **common: Any,
@@ -139,12 +150,7 @@ def run_rung(
     missing = missing_arguments(rung)
     if missing:
         return RungResult(rung, None, f"not available in this version: LLM has no {missing}")
-    kwargs = {**common, **rung.llm_kwargs}
-    if kwargs.get("strategy", "continuous") in BATCHING_STRATEGIES:  # the others run 1 at a time
-        kwargs.setdefault("max_num_seqs", max_num_seqs)
-    settings = {"rung": rung.name, **{k: v for k, v in kwargs.items() if k != "speculative_config"}}
-    if "speculative_config" in kwargs:
-        settings["speculative"] = str(kwargs["speculative_config"])
+    kwargs, settings = rung_arguments(rung, common, max_num_seqs)
     best = None
     for _ in range(num_repeats):
         # A fresh engine per repeat: with prefix caching on, a second run of the same prompts

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .books import Ledger
-from .ladder import LADDER, BATCHING_STRATEGIES, Rung, RungResult, compose, measure_workload
+from .ladder import LADDER, Rung, RungResult, compose, measure_workload, rung_arguments
 from .measurement import Measurement
 from .prices import Prices
 
@@ -81,12 +81,7 @@ def run_ladder_repeats(
         for rung in runnable[shift:] + runnable[:shift]:
             if rung.name in out.reasons:  # refused on an earlier repeat
                 continue
-            kwargs = {**common, **rung.llm_kwargs}
-            if kwargs.get("strategy", "continuous") in BATCHING_STRATEGIES:  # the others run 1 at a time
-                kwargs.setdefault("max_num_seqs", max_num_seqs)
-            settings = {"rung": rung.name, **{k: v for k, v in kwargs.items() if k != "speculative_config"}}
-            if "speculative_config" in kwargs:
-                settings["speculative"] = str(kwargs["speculative_config"])
+            kwargs, settings = rung_arguments(rung, common, max_num_seqs)
             try:
                 llm = LLM(model, device=device, **kwargs)
             except (ValueError, TypeError, NotImplementedError) as e:
