@@ -14,10 +14,11 @@ by this script as a bf16 checkpoint, then quantized with `minilm-engine quantize
        batch 1 reads every weight once per token, so fewer bytes should mean more tokens; and
        with the LM head quantized too (bf16 activations)
     3. the decode step at batch 1, 4 and 16 and a 512-token prefill on the CPU, int8 and int4
-       g128 vs bf16 (bf16 activations everywhere; goals: >= 1.0x of bf16 at every batch size,
-       prefill no slower than 1.2x bf16): the three engines stay loaded, and every repeat runs
-       them one after another in a rotating order; a cell is the median of its repeats, with
-       their spread, and a ratio the median of the per-repeat ratios
+       g128 vs bf16 and vs fp32, each with bf16 and with fp32 activations (goals: >= 1.0x of
+       bf16 at every batch size, prefill no slower than 1.2x bf16; fp32 beside it because a CPU
+       without native bf16 matmul runs fp32 faster): the six engines stay loaded, and every
+       repeat runs them one after another in a rotating order; a cell is the median of its
+       repeats, with their spread, and a ratio the median of the per-repeat ratios
     4. on a GPU (when there is one): int8 and int4 vs bf16 at batch 1 and 16 (goal: int4 >=
        1.8x at batch 1), with the Triton kernels
 
@@ -145,13 +146,24 @@ def prefill_ms(llm: LLM, prefill_tokens: int) -> float:
     return out.metrics.ttft * 1e3
 
 
+def batch_settings() -> dict[str, tuple[str, str]]:
+    """Part 3's engines: {label: (checkpoint folder key, dtype)}: bf16 and fp32 unquantized, and
+    each scheme with bf16 and with fp32 activations (on a CPU without native bf16 matmul fp32 is
+    the faster unquantized baseline, so quantization is judged against both)."""
+    settings = {"bf16": ("bf16", "bfloat16"), "fp32": ("bf16", "float32")}
+    settings.update({label: (label, "bfloat16") for label in SCHEMES})
+    settings.update({f"{label}, fp32": (label, "float32") for label in SCHEMES})
+    return settings
+
+
 def batch_table(folders: dict[str, Path], batch_sizes: list[int], num_tokens: int, prefill_tokens: int,
                 repeats: int) -> dict:
-    """Part 3: {setting: {"step_ms": {B: [runs]}, "prefill_ms": [runs]}} for bf16, int8, int4."""
-    order = ["bf16", *SCHEMES]
+    """Part 3: {setting: {"step_ms": {B: [runs]}, "prefill_ms": [runs]}} for `batch_settings()`."""
+    settings = batch_settings()
+    order = list(settings)
     engines = {}
-    for label in order:
-        engines[label] = LLM(folders[label], dtype="bfloat16", max_num_seqs=max(batch_sizes), record_trace=False,
+    for label, (folder, dtype) in settings.items():
+        engines[label] = LLM(folders[folder], dtype=dtype, max_num_seqs=max(batch_sizes), record_trace=False,
                              enable_prefix_caching=False, kv_cache_memory=512 << 20)
         decode_step_ms(engines[label], max(batch_sizes), 3)  # warm-up
         prefill_ms(engines[label], 16)
@@ -167,21 +179,26 @@ def batch_table(folders: dict[str, Path], batch_sizes: list[int], num_tokens: in
 
 
 def show_batch_table(runs: dict, batch_sizes: list[int], prefill_tokens: int) -> dict:
-    """Print part 3 and return its summary: medians, spreads (min-max) and ratios vs bf16."""
-    def cell(values, base):
-        ratio = statistics.median(b / v for b, v in zip(base, values))  # > 1: faster than bf16
-        return (f"{statistics.median(values):7.1f} ms [{min(values):.1f}-{max(values):.1f}] {ratio:4.2f}x",
+    """Print part 3 and return its summary: medians, spreads (min-max) and ratios vs bf16 and
+    vs fp32 (each the median of the per-repeat ratios; > 1: faster)."""
+    def ratio(values, base):
+        return statistics.median(b / v for b, v in zip(base, values))
+
+    def cell(values, bf16, fp32):
+        vs_bf16, vs_fp32 = ratio(values, bf16), ratio(values, fp32)
+        return (f"{statistics.median(values):7.1f} [{min(values):.1f}-{max(values):.1f}] {vs_bf16:4.2f}x {vs_fp32:4.2f}x",
                 {"median_ms": statistics.median(values), "min_ms": min(values), "max_ms": max(values),
-                 "speedup_vs_bf16": ratio})
+                 "speedup_vs_bf16": vs_bf16, "speedup_vs_fp32": vs_fp32})
 
     columns = [f"decode batch {b}" for b in batch_sizes] + [f"prefill {prefill_tokens} tok"]
-    print("   " + f"{'':10}" + "".join(f"{c:>32}" for c in columns))
+    print("   each cell: median ms [min-max], speed vs bf16, speed vs fp32")
+    print("   " + f"{'':16}" + "".join(f"{c:>36}" for c in columns))
     summary = {}
     for label, r in runs.items():
-        base = runs["bf16"]
-        cells = [cell(r["step_ms"][b], base["step_ms"][b]) for b in batch_sizes]
-        cells.append(cell(r["prefill_ms"], base["prefill_ms"]))
-        print(f"   {label:10}" + "".join(f"{text:>32}" for text, _ in cells), flush=True)
+        bf16, fp32 = runs["bf16"], runs["fp32"]
+        cells = [cell(r["step_ms"][b], bf16["step_ms"][b], fp32["step_ms"][b]) for b in batch_sizes]
+        cells.append(cell(r["prefill_ms"], bf16["prefill_ms"], fp32["prefill_ms"]))
+        print(f"   {label:16}" + "".join(f"{text:>36}" for text, _ in cells), flush=True)
         summary[label] = dict(zip(columns, (data for _, data in cells)))
     return summary
 
@@ -253,8 +270,8 @@ def main(argv=None) -> int:
         if not args.skip_batch_table:
             batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
             prefill_tokens = args.prefill_tokens or (64 if args.quick else 512)
-            print(f"\n3. decode step (ms) by batch size and a {prefill_tokens}-token prefill on the CPU, bf16 "
-                  f"activations: median [min-max] of {args.repeats} rotating repeats, speed vs bf16", flush=True)
+            print(f"\n3. decode step (ms) by batch size and a {prefill_tokens}-token prefill on the CPU, bf16 and "
+                  f"fp32 activations: median [min-max] of {args.repeats} rotating repeats", flush=True)
             runs = batch_table(folders, batch_sizes, num_tokens, prefill_tokens, args.repeats)
             results["cpu_batch_table"] = show_batch_table(runs, batch_sizes, prefill_tokens)
 

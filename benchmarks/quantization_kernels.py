@@ -31,7 +31,7 @@ from common import add_threads_option, apply_threads_option
 from torch import nn
 
 from minilm_engine.quantization import QuantizationConfig
-from minilm_engine.quantization.kernels import cpu
+from minilm_engine.quantization.kernels import cpu, cpu_compiled
 from minilm_engine.quantization.linear import QuantizedLinear
 
 # (out, in) of Qwen3-0.6B's projections: q, k, v, o, gate, up, down
@@ -49,8 +49,8 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def make_layers(scheme: str) -> tuple[list[QuantizedLinear], cpu.CPUKernel]:
-    kernel = cpu.CPUKernel()
+def make_layers(scheme: str, microkernel: bool) -> tuple[list[QuantizedLinear], cpu.CPUKernel]:
+    kernel = cpu.CPUKernel(microkernel=microkernel)
     layers = []
     for N, K in LAYER_SHAPES:
         layer = QuantizedLinear.from_linear(nn.Linear(K, N, bias=False).bfloat16(), SCHEMES[scheme])
@@ -73,16 +73,22 @@ def main(argv=None) -> int:
     apply_threads_option(args)
     torch.manual_seed(0)
     bf16 = [torch.randn(N, K, dtype=torch.bfloat16) for N, K in LAYER_SHAPES]
-    quantized = {scheme: make_layers(scheme) for scheme in SCHEMES}
+    micro = cpu_compiled.load() is not None
+    if not micro:
+        print(f"(no micro-kernel: {cpu_compiled.unavailable_reason()})")
     paths = {"bf16": lambda i, x: F.linear(x, bf16[i])}
-    for scheme, (layers, kernel) in quantized.items():
+    for scheme in SCHEMES:
+        layers, kernel = make_layers(scheme, microkernel=False)  # the canonical int8 layout: the operator reads it
         paths[f"{scheme} operator"] = lambda i, x, layers=layers: operator(layers[i], x)
         paths[f"{scheme} dequant"] = lambda i, x, layers=layers, kernel=kernel: kernel._many_rows(layers[i], x)
+        if micro:
+            layers, kernel = make_layers(scheme, microkernel=True)
+            paths[f"{scheme} micro"] = lambda i, x, layers=layers, kernel=kernel: kernel._microkernel(layers[i], x)
     names = list(paths)
     rows = [int(r) for r in args.rows.split(",")]
     print(f"one Qwen3-0.6B decoder layer's projections, bf16 activations, {torch.get_num_threads()} threads: "
           f"ms, median [min-max] of {args.repeats} rotating repeats")
-    print(f"{'rows':>5}" + "".join(f"{n:>24}" for n in names))
+    print(f"{'rows':>5}" + "".join(f"{n:>20}" for n in names))
     medians = {}
     for M in rows:
         xs = {K: torch.randn(M, K, dtype=torch.bfloat16) for K in {K for _, K in LAYER_SHAPES}}
@@ -98,12 +104,16 @@ def main(argv=None) -> int:
                         paths[n](i, xs[K])
                 runs[n].append((time.perf_counter() - start) / args.calls * 1e3)
         medians[M] = {n: statistics.median(v) for n, v in runs.items()}
-        print(f"{M:>5}" + "".join(f"{statistics.median(v):9.2f} [{min(v):.2f}-{max(v):.2f}]".rjust(24)
+        print(f"{M:>5}" + "".join(f"{statistics.median(v):7.2f} [{min(v):.2f}-{max(v):.2f}]".rjust(20)
                                   for v in runs.values()), flush=True)
     for scheme in SCHEMES:
         wins = [M for M in rows if medians[M][f"{scheme} dequant"] < medians[M][f"{scheme} operator"]]
         print(f"{scheme}: dequantize+matmul beats the operator from {wins[0] if wins else 'no measured'} rows "
               f"(CPU_OP_MAX_ROWS now {cpu.CPU_OP_MAX_ROWS[scheme]})")
+        if micro:
+            wins = [M for M in rows if medians[M][f"{scheme} dequant"] < medians[M][f"{scheme} micro"]]
+            print(f"{scheme}: dequantize+matmul beats the micro-kernel from {wins[0] if wins else 'no measured'} rows "
+                  f"(MICROKERNEL_MAX_ROWS now {cpu.MICROKERNEL_MAX_ROWS})")
     return 0
 
 

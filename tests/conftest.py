@@ -250,3 +250,19 @@ def prompts() -> list[str]:
         "Receipt\nMiso Ramen @ $",
         "A bowl of noodles, please.",
     ]
+
+
+@pytest.fixture(scope="session")
+def cpu_microkernel():
+    """The compiled CPU micro-kernel (quantization/kernels/cpu_microkernel.cpp), built once.
+    Where it cannot be built: a skip, or a failure under MINILM_REQUIRE_MICROKERNEL=1 (CI sets
+    it, so a broken build cannot hide behind skips)."""
+    from minilm_engine.quantization.kernels import cpu_compiled
+
+    module = cpu_compiled.load()
+    if module is None:
+        reason = f"the CPU micro-kernel cannot be built here: {cpu_compiled.unavailable_reason()}"
+        if os.environ.get("MINILM_REQUIRE_MICROKERNEL") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return module

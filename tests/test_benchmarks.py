@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.scripts]
@@ -62,18 +63,21 @@ def test_quantization_benchmark_prints_bytes_and_speed_ratios(tmp_path):
               ROOT / "benchmarks").stdout
     assert "1. bytes" in out and "2. batch-1 decode on the CPU" in out and "3. decode step (ms)" in out, out
     for label in ("int8", "int4 g128"):
-        # bytes, fp32 and bf16 speed, the batch table; with the LM head quantized too: bytes and bf16 speed
-        assert sum(line.strip().startswith(label) for line in out.splitlines()) == 6, out
+        # bytes, fp32 and bf16 speed, the batch table's two rows; with the LM head quantized too: bytes
+        # and bf16 speed
+        assert sum(line.strip().startswith(label) for line in out.splitlines()) == 7, out
         assert sum(line.strip().startswith(f"{label} + head") for line in out.splitlines()) == 2, out
     assert "int8, bf16 (cpu kernel)" in out and "int4 g128, fp32 (cpu kernel)" in out, out
     assert "int8 + head, bf16 (cpu kernel)" in out and "read per decode step" in out, out
     # part 3: every setting has a median, a spread and a ratio per batch size and for the prefill
     table = json.loads((tmp_path / "q.json").read_text())["cpu_batch_table"]
-    assert set(table) == {"bf16", "int8", "int4 g128"}
+    assert set(table) == {"bf16", "fp32", "int8", "int4 g128", "int8, fp32", "int4 g128, fp32"}
     for cells in table.values():
         assert list(cells) == ["decode batch 1", "decode batch 4", "decode batch 16", "prefill 64 tok"]
-        assert all(c["min_ms"] <= c["median_ms"] <= c["max_ms"] and c["speedup_vs_bf16"] > 0 for c in cells.values())
+        assert all(c["min_ms"] <= c["median_ms"] <= c["max_ms"] and c["speedup_vs_bf16"] > 0
+                   and c["speedup_vs_fp32"] > 0 for c in cells.values())
     assert all(c["speedup_vs_bf16"] == 1.0 for c in table["bf16"].values())
+    assert all(c["speedup_vs_fp32"] == 1.0 for c in table["fp32"].values())
 
 
 def test_spec_decode_benchmark_reports_speedups_and_the_formula(tmp_path):
@@ -105,10 +109,14 @@ def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_
     quantized = ["minilm-engine int8, bf16", "minilm-engine int4, bf16"]
     llama = [] if "skipped" in data["llama_cpp"] else ["llama.cpp bf16", "llama.cpp q8_0", "llama.cpp q4_0"]
     assert list(data["batch1"]) == engines + quantized + hf + llama
-    # the fused backend really ran (it did not fall back), and reads what the readable one reads;
-    # quantized models keep their own kernels on the readable decoder
+    # the fused backend really ran (it did not fall back) wherever it can: bf16 only on a CPU whose
+    # oneDNN has bf16; quantized models keep their own kernels on the readable decoder
     chefs = ["noodle-chef reference, fp32", "noodle-chef fused, fp32"]
-    assert data["model_backends"] == {**{label: label.split()[1].rstrip(",") for label in engines},
+    def backend(label: str) -> str:
+        fused_runs = "fp32" in label or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return label.split()[1].rstrip(",") if fused_runs else "reference"
+
+    assert data["model_backends"] == {**{label: backend(label) for label in engines},
                                       **{label: "reference" for label in quantized},
                                       **{label: label.split()[1].rstrip(",") for label in chefs}}
     # part 4: the shipped chef against its own floor (issue 22: within 2x)
@@ -138,7 +146,8 @@ def test_cpu_step_profile_splits_a_decode_step_into_its_parts(tmp_path):
     run([sys.executable, "cpu_step_profile.py", "--quick", "--steps", "2", "--repeats", "1", "--threads", "1",
          "--json", str(tmp_path / "p.json")], ROOT / "benchmarks")
     data = json.loads((tmp_path / "p.json").read_text())
-    assert data["backend"] == "fused"
+    # bf16 (its default) is fused where this CPU's oneDNN has bf16, else the readable model runs
+    assert data["backend"] == ("fused" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "reference")
     (split,) = data["runs_ms"]
     # every leaf was reached by its wrapper, and no range counted twice (nested ranges would
     # add up to more than the step's wall time, leaving "other" negative)

@@ -23,12 +23,24 @@ from minilm_engine.cli import main as cli_main
 from minilm_engine.quantization import QuantizationConfig, QuantizationError, QuantizedLinear, schemes
 from minilm_engine.quantization.calibration import output_error, search_scales
 from minilm_engine.quantize import quantize_checkpoint
-from minilm_engine.quantization.kernels import make_kernel, select_kernel
+from minilm_engine.quantization.kernels import select_kernel
 from minilm_engine.strategies import STRATEGIES
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 INT8 = QuantizationConfig("int8", group_size=None)
 INT4_G32 = QuantizationConfig("int4", group_size=32)
+
+
+@pytest.fixture(params=["operators", "microkernel"])
+def cpu_kernel(request):
+    """A factory of CPU kernels, once with torch's operators for a few rows and once with the
+    compiled micro-kernel (cpu_microkernel.cpp; the `cpu_microkernel` fixture skips, or fails
+    in CI, where it cannot be built)."""
+    from minilm_engine.quantization.kernels import cpu
+
+    if request.param == "microkernel":
+        request.getfixturevalue("cpu_microkernel")
+    return lambda: cpu.CPUKernel(microkernel=request.param == "microkernel")
 
 
 def texts(outputs) -> list[list[int]]:
@@ -93,7 +105,7 @@ def test_outlier_costs_int8_per_channel_only_its_own_row():
 # ------------------------------------------------------------------------- the quantized layer
 @pytest.mark.parametrize("config", [INT8, INT4_G32, QuantizationConfig("int4", group_size=128)])
 @pytest.mark.parametrize("shape", [(16, 32), (20, 48), (64, 320)])
-def test_cpu_kernel_equals_reference_layer(config, shape):
+def test_cpu_kernel_equals_reference_layer(config, shape, cpu_kernel):
     torch.manual_seed(0)
     N, K = shape
     linear = nn.Linear(K, N, bias=True)
@@ -103,7 +115,7 @@ def test_cpu_kernel_equals_reference_layer(config, shape):
     fast.qweight, fast.scales = reference.qweight.clone(), reference.scales.clone()
     if config.scheme == "int4":
         fast.offsets = reference.offsets.clone()
-    kernel = make_kernel("cpu")
+    kernel = cpu_kernel()
     kernel.prepare(fast)
     fast.kernel = kernel
     for x in (torch.randn(1, K), torch.randn(2, 1, K), torch.randn(3, 7, K), torch.randn(3, 30, K)):  # operator, then BLAS
@@ -117,13 +129,13 @@ def test_cpu_kernel_equals_reference_layer(config, shape):
 
 @pytest.mark.parametrize("config", [QuantizationConfig("int8", group_size=None, scale_dtype="bfloat16"),
                                     QuantizationConfig("int4", group_size=64, scale_dtype="bfloat16")])
-def test_cpu_kernel_in_bfloat16(config):
+def test_cpu_kernel_in_bfloat16(config, cpu_kernel):
     """bf16 activations take the operators' vectorized path; equal up to bf16 rounding."""
     torch.manual_seed(0)
     linear = nn.Linear(320, 96, bias=True).bfloat16()
     reference = QuantizedLinear.from_linear(linear, config)
     fast = QuantizedLinear.from_linear(linear, config)
-    kernel = make_kernel("cpu")
+    kernel = cpu_kernel()
     kernel.prepare(fast)
     fast.kernel = kernel
     from minilm_engine.quantization.kernels.cpu import CPU_OP_MAX_ROWS
@@ -135,28 +147,37 @@ def test_cpu_kernel_in_bfloat16(config):
 
 @pytest.mark.parametrize("config", [QuantizationConfig("int8", group_size=None, scale_dtype="bfloat16"),
                                     QuantizationConfig("int4", group_size=128, scale_dtype="bfloat16")])
-def test_cpu_kernel_equals_the_reference_around_its_threshold(config, monkeypatch):
-    """bf16, at row counts on both sides of the operator/dequantize switch: each path ran where
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_cpu_kernel_equals_the_reference_around_its_threshold(config, native_bf16, monkeypatch, cpu_kernel):
+    """bf16, at row counts on both sides of the switch from the operators (or the micro-kernel)
+    to dequantize+matmul, as on a CPU with and without native bf16 matmul: each path ran where
     the threshold says, and each equals the dequantize-then-matmul reference."""
     from minilm_engine.quantization.kernels import cpu
 
+    monkeypatch.setattr(cpu, "native_bf16_matmul", lambda: native_bf16)
     torch.manual_seed(0)
     linear = nn.Linear(320, 200, bias=True).bfloat16()  # K padded to 384 for int4; N to 256
     reference = QuantizedLinear.from_linear(linear, config)
     fast = QuantizedLinear.from_linear(linear, config)
-    kernel = make_kernel("cpu")
+    kernel = cpu_kernel()
     kernel.prepare(fast)
     fast.kernel = kernel
     calls = []
     many_rows = kernel._many_rows
     monkeypatch.setattr(kernel, "_many_rows", lambda layer, x: calls.append(x.shape[0]) or many_rows(layer, x))
-    most = cpu.CPU_OP_MAX_ROWS[config.scheme]
-    for M in (1, 4, most - 1, most, most + 1, 2 * most + 3):
+    if kernel.runs_microkernel(fast):
+        most = cpu.microkernel_max_rows(config.scheme, torch.bfloat16)
+        assert most == (None if config.scheme == "int8" and not native_bf16 else cpu.MICROKERNEL_MAX_ROWS)
+    else:
+        most = cpu.CPU_OP_MAX_ROWS[config.scheme]
+    edge = most or cpu.MICROKERNEL_MAX_ROWS  # int8 without native bf16: the micro-kernel at any M
+    for M in (1, 4, edge - 1, edge, edge + 1, 2 * edge + 3):
         x = torch.randn(M, 320).bfloat16()
         expected = F.linear(x.float(), reference.dequantized_weight().float(), linear.bias.float())
         torch.testing.assert_close(fast(x).float(), expected, rtol=2e-2, atol=3e-2)
         torch.testing.assert_close(fast(x).float(), reference(x).float(), rtol=2e-2, atol=3e-2)
-    assert calls == [most + 1] * 2 + [2 * most + 3] * 2  # the operators below, dequantize above
+    # the fast path below the threshold, dequantize above it
+    assert calls == ([] if most is None else [edge + 1] * 2 + [2 * edge + 3] * 2)
 
 
 def test_quantized_layer_is_close_to_the_original():
@@ -217,16 +238,18 @@ def test_every_known_int4_layout_reads_back_its_codes(layout_index):
 
 
 @pytest.mark.parametrize("config", [INT8, INT4_G32])
-def test_cpu_kernel_keeps_one_copy_of_the_weight(config):
+def test_cpu_kernel_keeps_one_copy_of_the_weight(config, cpu_kernel):
     linear = nn.Linear(320, 96, bias=False)
     layer = QuantizedLinear.from_linear(linear, config)
     canonical = sum(b.numel() * b.element_size() for b in layer.buffers())
-    kernel = make_kernel("cpu")
+    kernel = cpu_kernel()
     kernel.prepare(layer)
     names = {name for name, _ in layer.named_buffers()}
     held = sum(b.numel() * b.element_size() for b in layer.buffers())
-    if config.scheme == "int8":
+    if config.scheme == "int8" and kernel.micro is None:
         assert names == {"qweight", "scales"} and held == canonical
+    elif config.scheme == "int8":  # the micro-kernel's tiles of 16 rows: 96 is whole tiles
+        assert names == {"cpu_qweight", "scales"} and held == canonical
     else:
         assert names == {"cpu_qweight", "cpu_scales_and_zeros"}  # the canonical buffers are gone
         # N is padded from 96 to 128 rows for whole tiles; zeros ride beside the scales
@@ -234,7 +257,7 @@ def test_cpu_kernel_keeps_one_copy_of_the_weight(config):
 
 
 @pytest.mark.parametrize("config", [INT8, INT4_G32])
-def test_cpu_kernel_many_rows_in_tiles_equal_the_reference(config, monkeypatch):
+def test_cpu_kernel_many_rows_in_tiles_equal_the_reference(config, monkeypatch, cpu_kernel):
     """The many-row path dequantizes into one reused scratch; a layer too big for it goes in
     row tiles.  A scratch of 64 x 320 weights makes this 200-row layer take 4 tiles."""
     from minilm_engine.quantization.kernels import cpu
@@ -244,7 +267,7 @@ def test_cpu_kernel_many_rows_in_tiles_equal_the_reference(config, monkeypatch):
     linear = nn.Linear(320, 200, bias=True)
     reference = QuantizedLinear.from_linear(linear, config)
     fast = QuantizedLinear.from_linear(linear, config)
-    kernel = make_kernel("cpu")
+    kernel = cpu_kernel()
     kernel.prepare(fast)
     fast.kernel = kernel
     most = cpu.CPU_OP_MAX_ROWS[config.scheme]
@@ -254,7 +277,7 @@ def test_cpu_kernel_many_rows_in_tiles_equal_the_reference(config, monkeypatch):
     assert all(s.numel() <= 64 * 320 for s in kernel._scratch.values())
 
 
-def test_cpu_kernel_on_an_unknown_int4_packing_still_equals_the_reference(monkeypatch):
+def test_cpu_kernel_on_an_unknown_int4_packing_still_equals_the_reference(monkeypatch, cpu_kernel):
     """A CPU whose packing is none of the known tilings: a warning, still one copy, and the
     many-row path reads the weight through the operator itself."""
     from minilm_engine.quantization.kernels import cpu
@@ -264,7 +287,7 @@ def test_cpu_kernel_on_an_unknown_int4_packing_still_equals_the_reference(monkey
     linear = nn.Linear(64, 96, bias=False)
     reference = QuantizedLinear.from_linear(linear, INT4_G32)
     fast = QuantizedLinear.from_linear(linear, INT4_G32)
-    kernel = make_kernel("cpu")
+    kernel = cpu_kernel()
     with pytest.warns(UserWarning, match="not one this kernel knows"):
         kernel.prepare(fast)
     fast.kernel = kernel

@@ -7,7 +7,10 @@ reads, once, after loading; the reference and Triton kernels read the canonical 
 
     kernel       runs on                          what it does
     reference    any device                       dequantize to the model dtype, then F.linear
-    cpu          CPU (torch with the ops)         torch's weight-only int8 / int4 CPU operators
+    cpu          CPU (torch with the ops)         a compiled micro-kernel (cpu_microkernel.cpp,
+                                                  built on first use) for decode-sized inputs, else
+                                                  torch's weight-only int8 / int4 operators; many
+                                                  rows dequantize into a reused buffer + BLAS
     triton       CUDA, compute capability >= 8.0  dequantizing matmul, dequant in the inner loop
                  (CPU under TRITON_INTERPRET=1)
 

@@ -1,48 +1,52 @@
-"""CPU fast path: torch's own weight-only matmul operators (as gpt-fast uses them), and a
-reused scratch buffer for many rows.
+"""CPU fast path: a compiled micro-kernel that dequantizes in registers (cpu_microkernel.cpp),
+torch's own weight-only operators where it cannot be built, and a reused scratch buffer for
+many rows.
 
 Contract: `CPUKernel.linear(layer, x)` equals the reference up to float rounding, on every CPU
 torch runs on, with one copy of each weight in memory.
 
-    rows of x           what runs                                     why
-    int8 <= 16,         aten._weight_int8pack_mm /                    they read int8 / packed int4
-    int4 <= 96,         _weight_int4pack_mm_for_cpu                   straight from memory and
-    bf16 activations    (decode of a few or a few dozen requests)     dequantize in registers
-    more                dequantize into scratch buffers the kernel    the operators' cost grows with
-                        reuses (no allocation per call), one          every row (~0.04 ms a row for a
-                        BLAS matmul (prefill, perplexity runs)        3072 x 1024 layer, on AVX-512:
-                                                                      they are compute-bound beyond
-                                                                      ~4 rows), oneDNN's barely does
+    rows of x (M)              what runs                                  why
+    int8: any M, int4: <= 64   the micro-kernel (`microkernel_max_rows`;  reads int8 / int4 once per
+    (int8 too, <= 64, for bf16 cpu_compiled.load() builds it for this  call, converts each weight
+    on a CPU with native bf16) CPU; fp32 or bf16 activations)          once per 6 rows of x
+    more                       dequantize into scratch buffers reused     one conversion per call,
+                               across layers, one BLAS matmul (fp32       then BLAS at its peak
+                               for bf16 inputs without native bf16)       (prefill, perplexity)
+    no micro-kernel, bf16,     aten._weight_int8pack_mm /                 they read the codes straight
+    int8 <= 16, int4 <= 96     _weight_int4pack_mm_for_cpu                from memory (no build needed)
 
-    With fp32 activations (the CPU default) the operators are not vectorized: at one row of a
-    3072 x 1024 layer, 1.0 ms (int8) and 2.6 ms (int4) against 0.56 ms for the scratch path, so
-    fp32 always takes the scratch path.  The crossovers for bf16 come from
-    `benchmarks/quantization_kernels.py` (one decoder layer's Qwen3-0.6B projections, every path
-    at every row count, rotating repeats, on a shared 2-core AVX-512 CPU): int8 codes convert
-    to floats in one cheap pass, so dequantize+matmul wins from ~16-24 rows; int4 codes must be
-    unpacked from the operator's tiles and scaled per group, so the operator wins up to ~64-128.
-    Outputs agree either way (up to float rounding): tests run both sides of each threshold.
+    Why a micro-kernel of our own: torch's operators convert each weight to float once per 4
+    rows of x, and are not vectorized for fp32 activations (the CPU default), so past a few
+    rows they lose to a bf16 matmul and a quantized server was slower than an unquantized one
+    at batch 4 and 16 (issue 20).  The crossovers come from `benchmarks/quantization_kernels.py`
+    (one decoder layer's Qwen3-0.6B projections, every path at every row count, rotating
+    repeats); the README quotes them.  Outputs agree either way (up to float rounding): tests
+    run both sides of each threshold, as on a CPU with and without native bf16.
 
-    int8: _weight_int8pack_mm(x (M, K), qweight (N, K) int8, scales (N,)) reads our canonical
-          layout as it is; many rows: y = (x @ codes.T) * scales, the per-channel scale applied
-          to the (M, N) output instead of the (N, K) weight.
+    int8: with the micro-kernel the codes are held as (ceil(N / 16), K, 16) tiles (`tile_int8`:
+          16 output rows' weights for one k adjacent), else as our canonical (N, K), which
+          _weight_int8pack_mm reads as it is; many rows: y = (x @ codes.T) * scales, the
+          per-channel scale applied to the (M, N) output instead of the (N, K) weight.
     int4: _weight_int4pack_mm_for_cpu(x (M, K_padded), packed, group_size, scales_and_zeros)
           wants its own tiled packing, made by torch's own _convert_weight_to_int4pack_for_cpu,
           and (G, N, 2) pairs meaning w = (q - 8) * scale + zero, so zero = offset + 8 * scale in
-          our terms.  That packing differs between CPUs (`Int4Layout`): tiles of BLOCK_N rows,
-          for each input k BLOCK_N / 2 bytes each holding two rows, rows (d, d + BLOCK_N / 2)
-          with BLOCK_N 32 on AVX2 and 64 on AVX-512, rows (2d, 2d + 1) with BLOCK_N 32 when
-          torch runs without vector code (ATEN_CPU_CAPABILITY=default).  `prepare` pads N to a
-          multiple of 64 (so every tile is whole, on any of them), packs with the operator, and
-          *learns* which layout it used by comparing with `to_cpu_int4_layout`; the canonical
-          buffers are then dropped.  On a CPU whose packing is none of these, it keeps only the
-          packed weight too, and dequantizes for many rows by running the operator on an
-          identity matrix (slow, exact, and said in a warning).  Many rows read the packing
-          back as W.T (K, N): inside a tile it is k-major, so W.T is written in contiguous runs.
+          our terms; the micro-kernel reads the same buffers.  That packing differs between CPUs
+          (`Int4Layout`): tiles of BLOCK_N rows, for each input k BLOCK_N / 2 bytes each holding
+          two rows, rows (d, d + BLOCK_N / 2) with BLOCK_N 32 on AVX2 and 64 on AVX-512, rows
+          (2d, 2d + 1) with BLOCK_N 32 when torch runs without vector code
+          (ATEN_CPU_CAPABILITY=default; the micro-kernel leaves that one to the operator).
+          `prepare` pads N to a multiple of 64 (so every tile is whole, on any of them), packs
+          with the operator, and *learns* which layout it used by comparing with
+          `to_cpu_int4_layout`; the canonical buffers are then dropped.  On a CPU whose packing
+          is none of these, it keeps only the packed weight too, and dequantizes for many rows
+          by running the operator on an identity matrix (slow, exact, and said in a warning).
+          Many rows read the packing back as W.T (K, N): inside a tile it is k-major, so W.T is
+          written in contiguous runs.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 
@@ -50,7 +54,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import schemes
+from . import cpu_compiled
 
+MICROKERNEL_MAX_ROWS = 64  # rows the micro-kernel always takes; beyond, see microkernel_max_rows
+MICROKERNEL_DTYPES = (torch.float32, torch.bfloat16)
+INT8_TILE_ROWS = 16  # the micro-kernel's int8 tiles: 16 output rows, k-major
 CPU_OP_MAX_ROWS = {"int8": 16, "int4": 96}  # up to this many rows of x, the operators; beyond, BLAS
 OPERATOR_DTYPES = (torch.bfloat16,)  # activations the operators are fast for (others: BLAS always)
 INT4_ROW_PAD = 64  # N is padded to a multiple of this: whole tiles for BLOCK_N 32 and 64
@@ -70,6 +78,45 @@ class Int4Layout:
 
 # The packings torch's CPU operator is known to use: AVX-512, AVX2, non-vectorized.
 KNOWN_INT4_LAYOUTS = (Int4Layout(64), Int4Layout(32), Int4Layout(32, pairs=True))
+
+
+def tile_int8(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8 codes -> (ceil(N / 16), K, 16): tiles of 16 rows, k-major, the last one
+    padded with zero codes (the micro-kernel's layout: 16 outputs' weights for one k adjacent)."""
+    N, K = codes.shape
+    padded = F.pad(codes, (0, 0, 0, -N % INT8_TILE_ROWS))
+    return padded.view(-1, INT8_TILE_ROWS, K).transpose(1, 2).contiguous()
+
+
+def untile_int8(tiles: torch.Tensor, N: int) -> torch.Tensor:
+    """The inverse of `tile_int8`: (tiles, K, 16) -> (N, K)."""
+    return tiles.transpose(1, 2).reshape(-1, tiles.shape[1])[:N]
+
+
+@functools.cache
+def native_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX-512 BF16 / AMX, through
+    oneDNN).  Without it a bf16 matmul converts elements in software: on an AVX2 CPU, 16 rows
+    times a dequantized 3072 x 1024 layer held as (K, N) measured 25x slower in bf16 than in
+    fp32, so there bf16 inputs of the many-row path compute in fp32."""
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def microkernel_max_rows(scheme: str, dtype: torch.dtype) -> int | None:
+    """Up to how many rows of x the micro-kernel runs (None: any number), else dequantize + BLAS.
+
+    The micro-kernel converts each weight once per 6 rows of x, so its cost grows with the rows
+    like a matmul's; BLAS, after one dequantization, runs at its own peak.  Measured with
+    `benchmarks/quantization_kernels.py` on a 2-core AVX2 CPU, 3072 x 1024 layer: int8 codes
+    convert in two instructions, and the micro-kernel still beats fp32 BLAS at 512 rows; int4
+    nibbles cost twice that and lose to dequantize + BLAS past ~64-128 rows; where bf16 matmul
+    is native (AVX-512 BF16, AMX) BLAS on bf16 wins earlier, for both."""
+    if dtype == torch.bfloat16 and native_bf16_matmul():
+        return MICROKERNEL_MAX_ROWS
+    return None if scheme == "int8" else MICROKERNEL_MAX_ROWS
 
 
 def unavailable_reason() -> str | None:
@@ -136,18 +183,36 @@ def learn_int4_layout(codes: torch.Tensor, packed: torch.Tensor) -> Int4Layout |
 
 class CPUKernel:
     """Holds one scratch buffer (grown on demand, reused by every layer) for the many-row path.
-    Invariant after `prepare`: an int8 layer keeps its canonical buffers; an int4 layer holds
+    Invariant after `prepare`: an int8 layer holds `cpu_qweight` tiles (micro-kernel) or its
+    canonical `qweight` (operators), and its `scales`; an int4 layer holds
     only `cpu_qweight` (N_padded, K_padded / 2) and `cpu_scales_and_zeros` (G, N_padded, 2),
     with `layer.cpu_int4_layout` the packing learned from the operator (None: an unknown one)."""
 
     name = "cpu"
 
-    def __init__(self):
+    def __init__(self, microkernel: bool | None = None):
+        """`microkernel`: True needs the compiled micro-kernel (an error if it cannot be built),
+        False never uses it, None (the default) uses it where it builds."""
         self._scratch: dict[str, torch.Tensor] = {}  # "weights": the float weight; "codes": uint8
+        self.micro = None if microkernel is False else cpu_compiled.load()
+        if microkernel and self.micro is None:
+            raise RuntimeError(f"the CPU micro-kernel cannot run here: {cpu_compiled.unavailable_reason()}")
+
+    def runs_microkernel(self, layer) -> bool:
+        """Whether `layer` (prepared) is computed by the micro-kernel for a few rows."""
+        if self.micro is None:
+            return False
+        if layer.scheme == "int8":
+            return True
+        layout = layer.cpu_int4_layout
+        return layout is not None and not layout.pairs  # it reads the vectorized packings only
 
     def prepare(self, layer) -> None:
         if layer.scheme == "int8":
-            return  # the operator reads the canonical (N, K) int8 codes and (N,) scales
+            if self.micro is not None:  # one copy, in the micro-kernel's tiles
+                layer.register_buffer("cpu_qweight", tile_int8(layer.qweight), persistent=False)
+                delattr(layer, "qweight")
+            return  # else the operator reads the canonical (N, K) int8 codes and (N,) scales
         num_pad = -layer.out_features % INT4_ROW_PAD
         codes = schemes.unpack_int4(layer.qweight).to(torch.int32)  # (N, K_padded)
         codes = F.pad(codes, (0, 0, 0, num_pad))  # (N_padded, K_padded)
@@ -216,9 +281,19 @@ class CPUKernel:
         return self.dequantize_transposed(layer, dtype, rows).t()
 
     def _int8_codes(self, layer, rows: slice, dtype: torch.dtype) -> torch.Tensor:
-        """(n, K) the int8 codes of `rows` as `dtype`, in the scratch (small integers: exact)."""
-        w = self.scratch((rows.stop - rows.start) * layer.in_features, dtype).view(-1, layer.in_features)
-        return w.copy_(layer.qweight[rows])
+        """(n, K) the int8 codes of `rows` as `dtype`, in the scratch (small integers: exact);
+        from the micro-kernel's tiles a transposed view (the tiles are k-major, so writing
+        W.T copies runs of 16 bytes)."""
+        K, n = layer.in_features, rows.stop - rows.start
+        if not hasattr(layer, "cpu_qweight"):
+            w = self.scratch(n * K, dtype).view(n, K)
+            return w.copy_(layer.qweight[rows])
+        first, last = rows.start // INT8_TILE_ROWS, -(-rows.stop // INT8_TILE_ROWS)
+        tiles = layer.cpu_qweight[first:last]  # (tiles, K, 16)
+        w_t = self.scratch(K * tiles.shape[0] * INT8_TILE_ROWS, dtype).view(K, tiles.shape[0], INT8_TILE_ROWS)
+        w_t.copy_(tiles.transpose(0, 1))
+        start = rows.start - first * INT8_TILE_ROWS
+        return w_t.view(K, -1)[:, start : start + n].t()
 
     def _dequantize_through_operator(self, layer, dtype: torch.dtype) -> torch.Tensor:
         """(K, N): the operator applied to the identity gives W.T, whatever its packing."""
@@ -232,7 +307,13 @@ class CPUKernel:
         """x: (..., K) -> (..., N)."""
         lead, K = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, K).contiguous()  # (M, K): the operators take a matrix
-        if x2.shape[0] > CPU_OP_MAX_ROWS[layer.scheme] or x2.dtype not in OPERATOR_DTYPES:
+        M = x2.shape[0]
+        if x2.dtype in MICROKERNEL_DTYPES and self.runs_microkernel(layer):
+            max_rows = microkernel_max_rows(layer.scheme, x2.dtype)
+            y = self._microkernel(layer, x2) if max_rows is None or M <= max_rows else self._many_rows(layer, x2)
+        elif layer.scheme == "int8" and hasattr(layer, "cpu_qweight"):
+            y = self._many_rows(layer, x2)  # the micro-kernel's tiles: no operator reads them
+        elif M > CPU_OP_MAX_ROWS[layer.scheme] or x2.dtype not in OPERATOR_DTYPES:
             y = self._many_rows(layer, x2)
         elif layer.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, layer.qweight, layer.scales)
@@ -246,6 +327,13 @@ class CPUKernel:
         if layer.bias is not None:
             y = y + layer.bias
         return y.view(*lead, layer.out_features)
+
+    def _microkernel(self, layer, x: torch.Tensor) -> torch.Tensor:
+        """(M, K) -> (M, N) in x's dtype, by cpu_microkernel.cpp."""
+        if layer.scheme == "int8":
+            return self.micro.int8_mm(x, layer.cpu_qweight, layer.scales)
+        return self.micro.int4_mm(x, layer.cpu_qweight, layer.cpu_int4_layout.block_n,
+                                  layer.cpu_scales_and_zeros, layer.group_size, layer.out_features)
 
     def _many_rows(self, layer, x: torch.Tensor) -> torch.Tensor:
         """(M, K) -> (M, N): dequantize a tile of rows into the scratch, one matmul per tile."""
@@ -262,8 +350,13 @@ class CPUKernel:
         return y
 
     def _tile_matmul(self, layer, x: torch.Tensor, rows: slice) -> torch.Tensor:
+        dtype = x.dtype
+        if dtype == torch.bfloat16 and not native_bf16_matmul():
+            x = x.float()  # see native_bf16_matmul: fp32 BLAS, one rounding at the end
         if layer.scheme == "int8":
             # The scale is per output row, so it multiplies the (M, n) product instead of the
             # (n, K) weight.
-            return F.linear(x, self._int8_codes(layer, rows, x.dtype)) * layer.scales[rows].to(x.dtype)
-        return x @ self.dequantize_transposed(layer, x.dtype, rows)  # (M, K) @ (K, n)
+            y = F.linear(x, self._int8_codes(layer, rows, x.dtype)) * layer.scales[rows].to(x.dtype)
+        else:
+            y = x @ self.dequantize_transposed(layer, x.dtype, rows)  # (M, K) @ (K, n)
+        return y.to(dtype)

@@ -1,0 +1,255 @@
+// Weight-only int8 / int4 matmul for a few rows of x, dequantizing inside the inner loop.
+//
+// Contract: y (M, N) = x (M, K) @ W.T with W the layer's dequantized weight, accumulated in
+// fp32, for x and y in float32 or bfloat16 and scales in float32 or bfloat16.  Built at run
+// time by cpu_compiled.py (torch.utils.cpp_extension, -O3 -march=native) for the machine it
+// runs on; the tests hold it equal to the readable reference kernel.
+//
+// Why it exists: torch's weight-only operators convert each weight to float once per block of
+// 4 rows of x, so their cost grows with every row of x; past ~4 rows they are compute-bound and
+// lose to a bf16 matmul.  Here a weight is read from memory once per call and converted once
+// per block of MB rows, and the weights of 16 output rows for one input k sit next to each
+// other, so one k is an outer product: 16 weights (one or two vector registers) times MB
+// broadcast inputs, accumulated into MB x 16 outputs held in registers.
+//
+//   int8: codes tiled as (N / 16, K, 16) int8: tile t holds rows 16t .. 16t+15, k-major
+//         y[m, n] = scale[n] * sum_k x[m, k] * q[n, k]            (scale per output row)
+//   int4: torch's CPU packing (N / B, K, B / 2) uint8, B = 32 or 64 (AVX2 / AVX-512): byte d of
+//         input k holds rows d (low nibble) and d + B/2 (high nibble) of the tile
+//         w = q * scale[g, n] + offset[g, n]  with (scale, zero) pairs of torch's (G, N, 2)
+//         table, offset = zero - 8 * scale; per group g of inputs:
+//         y[m, n] += scale[g, n] * sum_{k in g} x[m, k] q[n, k] + offset[g, n] * sum_{k in g} x[m, k]
+//         so the scales touch each output once per group, not each weight.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int V = 16;  // floats per vector register
+#else
+constexpr int V = 8;   // AVX2, and two NEON registers per vector on aarch64
+#endif
+constexpr int ROWS = 16;        // output rows per micro-tile
+constexpr int NV = ROWS / V;    // vectors per micro-tile row
+constexpr int MB = 6;           // rows of x per block: MB * NV accumulators + NV weights fit the registers
+
+typedef float vfloat __attribute__((vector_size(V * sizeof(float))));
+
+// V int8 codes (or V uint8 nibbles, shifted and masked) -> V floats.  Written with intrinsics
+// where the ISA has a widening load: GCC 12 turns __builtin_convertvector on an 8-byte vector
+// into scalar code (measured: 4x slower for the whole kernel).
+inline vfloat int8_to_float(const int8_t* p) {
+#if defined(__AVX512F__)
+  return (vfloat)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+  return (vfloat)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  vfloat w;
+  for (int i = 0; i < V; ++i) w[i] = p[i];
+  return w;
+#endif
+}
+
+inline vfloat nibbles_to_float(const uint8_t* p, int shift) {
+#if defined(__AVX512F__)
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return (vfloat)_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, shift), _mm512_set1_epi32(0x0F)));
+#elif defined(__AVX2__)
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return (vfloat)_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(b, shift), _mm256_set1_epi32(0x0F)));
+#else
+  vfloat w;
+  for (int i = 0; i < V; ++i) w[i] = (p[i] >> shift) & 0x0F;
+  return w;
+#endif
+}
+
+inline float as_float(float v) { return v; }
+inline float as_float(at::BFloat16 v) { return static_cast<float>(v); }
+inline void store(float* p, float v) { *p = v; }
+inline void store(at::BFloat16* p, float v) { *p = at::BFloat16(v); }
+
+template <typename T>
+std::vector<float> to_float_rows(const T* x, int64_t M, int64_t K) {
+  std::vector<float> xf(M * K);
+  for (int64_t i = 0; i < M * K; ++i) xf[i] = as_float(x[i]);
+  return xf;
+}
+
+// ---------------------------------------------------------------- int8
+template <int mb, typename T, typename S>
+void int8_block(const float* xf, int64_t K, const int8_t* tile, const S* scales, int64_t n0, int64_t N, T* y) {
+  vfloat acc[mb][NV] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    vfloat w[NV];
+    for (int v = 0; v < NV; ++v) w[v] = int8_to_float(tile + k * ROWS + v * V);
+    for (int m = 0; m < mb; ++m) {
+      const float xv = xf[m * K + k];
+      for (int v = 0; v < NV; ++v) acc[m][v] += xv * w[v];
+    }
+  }
+  for (int m = 0; m < mb; ++m)
+    for (int v = 0; v < NV; ++v)
+      for (int i = 0; i < V; ++i) {
+        const int64_t n = n0 + v * V + i;
+        if (n < N) store(y + m * N + n, acc[m][v][i] * as_float(scales[n]));
+      }
+}
+
+template <typename T, typename S>
+void int8_matmul(const float* xf, int64_t M, int64_t K, const int8_t* codes, const S* scales, int64_t N, T* y) {
+  const int64_t tiles = (N + ROWS - 1) / ROWS;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int8_t* tile = codes + t * K * ROWS;
+      for (int64_t m0 = 0; m0 < M; m0 += MB) {
+        const float* xb = xf + m0 * K;
+        T* yb = y + m0 * N;
+        switch (std::min<int64_t>(MB, M - m0)) {
+          case 1: int8_block<1>(xb, K, tile, scales, t * ROWS, N, yb); break;
+          case 2: int8_block<2>(xb, K, tile, scales, t * ROWS, N, yb); break;
+          case 3: int8_block<3>(xb, K, tile, scales, t * ROWS, N, yb); break;
+          case 4: int8_block<4>(xb, K, tile, scales, t * ROWS, N, yb); break;
+          case 5: int8_block<5>(xb, K, tile, scales, t * ROWS, N, yb); break;
+          default: int8_block<6>(xb, K, tile, scales, t * ROWS, N, yb); break;
+        }
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------- int4
+// One micro-tile: 16 rows of a torch tile, bytes [d0, d0 + 16) of each input k, the low or the
+// high nibble.  xsum (mb, G): each row of x summed over each group.
+template <int mb, typename T, typename S>
+void int4_block(const float* xf, const float* xsum, int64_t K, int64_t G, int64_t group_size,
+                const uint8_t* tile, int64_t half, int64_t d0, int shift,
+                const S* scales_and_zeros, int64_t N_padded, int64_t n0, int64_t N, T* y) {
+  float out[mb][ROWS] = {};
+  for (int64_t g = 0; g < G; ++g) {
+    vfloat acc[mb][NV] = {};
+    const int64_t k_end = std::min(K, (g + 1) * group_size);
+    for (int64_t k = g * group_size; k < k_end; ++k) {
+      vfloat w[NV];
+      for (int v = 0; v < NV; ++v) w[v] = nibbles_to_float(tile + k * half + d0 + v * V, shift);
+      for (int m = 0; m < mb; ++m) {
+        const float xv = xf[m * K + k];
+        for (int v = 0; v < NV; ++v) acc[m][v] += xv * w[v];
+      }
+    }
+    // Copied out whole (vector stores) before the per-row scaling: reading lanes of acc one by
+    // one makes the compiler keep acc in memory through the inner loop (measured 2x slower at 4 rows).
+    float sums[mb][ROWS];
+    std::memcpy(sums, acc, sizeof(sums));
+    for (int i = 0; i < ROWS; ++i) {
+      const S* sz = scales_and_zeros + (g * N_padded + n0 + i) * 2;
+      const float scale = as_float(sz[0]), offset = as_float(sz[1]) - 8.0f * scale;
+      for (int m = 0; m < mb; ++m) out[m][i] += scale * sums[m][i] + offset * xsum[m * G + g];
+    }
+  }
+  for (int m = 0; m < mb; ++m)
+    for (int i = 0; i < ROWS; ++i)
+      if (n0 + i < N) store(y + m * N + n0 + i, out[m][i]);
+}
+
+template <typename T, typename S>
+void int4_matmul(const float* xf, int64_t M, int64_t K, const uint8_t* packed, int64_t block_n,
+                 const S* scales_and_zeros, int64_t G, int64_t group_size, int64_t N_padded, int64_t N, T* y) {
+  std::vector<float> xsum(M * G, 0.0f);  // (M, G)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xsum[m * G + k / group_size] += xf[m * K + k];
+  const int64_t half = block_n / 2, K_padded = G * group_size;
+  const int64_t micro_tiles = N_padded / ROWS, per_tile = block_n / ROWS;
+  at::parallel_for(0, micro_tiles, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t t = u / per_tile, j = u % per_tile;         // torch tile, micro-tile in it
+      const int shift = (j * ROWS >= half) ? 4 : 0;             // high nibbles: rows B/2 .. B-1
+      const int64_t d0 = (j * ROWS) % half;
+      const int64_t n0 = t * block_n + (shift ? half : 0) + d0;  // first weight row of the micro-tile
+      if (n0 >= N) continue;
+      const uint8_t* tile = packed + t * K_padded * half;
+      for (int64_t m0 = 0; m0 < M; m0 += MB) {
+        const float* xb = xf + m0 * K;
+        const float* sb = xsum.data() + m0 * G;
+        T* yb = y + m0 * N;
+#define MINILM_INT4_BLOCK(n) int4_block<n>(xb, sb, K, G, group_size, tile, half, d0, shift, scales_and_zeros, N_padded, n0, N, yb)
+        switch (std::min<int64_t>(MB, M - m0)) {
+          case 1: MINILM_INT4_BLOCK(1); break;
+          case 2: MINILM_INT4_BLOCK(2); break;
+          case 3: MINILM_INT4_BLOCK(3); break;
+          case 4: MINILM_INT4_BLOCK(4); break;
+          case 5: MINILM_INT4_BLOCK(5); break;
+          default: MINILM_INT4_BLOCK(6); break;
+        }
+#undef MINILM_INT4_BLOCK
+      }
+    }
+  });
+}
+
+void check_x(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous (M, K) matrix");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
+}
+
+}  // namespace
+
+// x (M, K), codes (ceil(N / 16), K, 16) int8, scales (N,) -> (M, N) in x's dtype
+at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+  check_x(x);
+  const int64_t M = x.size(0), K = x.size(1), N = scales.size(0);
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.is_contiguous() && codes.dim() == 3 &&
+              codes.size(0) * ROWS >= N && codes.size(1) == K && codes.size(2) == ROWS, "codes must be (ceil(N/16), K, 16) int8");
+  TORCH_CHECK(scales.is_contiguous() && (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kBFloat16));
+  at::Tensor y = at::empty({M, N}, x.options());
+  const int8_t* q = codes.data_ptr<int8_t>();
+  auto run = [&](auto* x_ptr, auto* y_ptr) {
+    const auto xf = to_float_rows(x_ptr, M, K);
+    if (scales.scalar_type() == at::kFloat) int8_matmul(xf.data(), M, K, q, scales.data_ptr<float>(), N, y_ptr);
+    else int8_matmul(xf.data(), M, K, q, scales.data_ptr<at::BFloat16>(), N, y_ptr);
+  };
+  if (x.scalar_type() == at::kFloat) run(x.data_ptr<float>(), y.data_ptr<float>());
+  else run(x.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>());
+  return y;
+}
+
+// x (M, K) with K <= K_padded, packed (N_padded, K_padded / 2) uint8 in torch's CPU order with
+// tiles of block_n rows, scales_and_zeros (G, N_padded, 2) -> (M, N) in x's dtype
+at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, int64_t block_n,
+                   const at::Tensor& scales_and_zeros, int64_t group_size, int64_t N) {
+  check_x(x);
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t G = scales_and_zeros.size(0), N_padded = scales_and_zeros.size(1);
+  TORCH_CHECK(block_n % (2 * ROWS) == 0, "block_n must be a multiple of 32");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.size(0) == N_padded &&
+              packed.size(1) * 2 == G * group_size && N_padded % block_n == 0 && K <= G * group_size && N <= N_padded,
+              "packed must be (N_padded, G * group_size / 2) uint8 in whole tiles");
+  TORCH_CHECK(scales_and_zeros.is_contiguous() && scales_and_zeros.size(2) == 2 &&
+              (scales_and_zeros.scalar_type() == at::kFloat || scales_and_zeros.scalar_type() == at::kBFloat16));
+  at::Tensor y = at::empty({M, N}, x.options());
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  auto run = [&](auto* x_ptr, auto* y_ptr) {
+    const auto xf = to_float_rows(x_ptr, M, K);
+    if (scales_and_zeros.scalar_type() == at::kFloat)
+      int4_matmul(xf.data(), M, K, p, block_n, scales_and_zeros.data_ptr<float>(), G, group_size, N_padded, N, y_ptr);
+    else
+      int4_matmul(xf.data(), M, K, p, block_n, scales_and_zeros.data_ptr<at::BFloat16>(), G, group_size, N_padded, N, y_ptr);
+  };
+  if (x.scalar_type() == at::kFloat) run(x.data_ptr<float>(), y.data_ptr<float>());
+  else run(x.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>());
+  return y;
+}
+
+// the vector width this build uses, in floats (8: AVX2 or narrower, 16: AVX-512)
+int64_t vector_width() { return V; }

@@ -1,0 +1,91 @@
+"""The compiled CPU micro-kernel (quantization/kernels/cpu_microkernel.cpp) against plain fp32
+arithmetic on the dequantized weight: every row count across its blocks of 6, shapes that are
+not whole tiles, both of torch's vectorized int4 packings (whatever this CPU packs), float32
+and bfloat16 activations and scales.  Skipped where it cannot be built, except under
+MINILM_REQUIRE_MICROKERNEL=1 (CI), where that is a failure."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minilm_engine.quantization import schemes
+from minilm_engine.quantization.kernels import cpu, cpu_compiled
+
+
+@pytest.fixture
+def micro(cpu_microkernel):
+    return cpu_microkernel
+
+
+def close(y: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    """fp32 accumulation on both sides: equal up to fp32 sums, or the output's bf16 rounding."""
+    scale = expected.abs().max().item()
+    tol = 1e-5 if dtype == torch.float32 else 8e-3  # bf16 keeps 8 significant bits
+    torch.testing.assert_close(y.float(), expected, rtol=0, atol=tol * scale)
+
+
+@pytest.mark.parametrize("N,K", [(16, 64), (40, 320), (200, 96)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_equals_fp32_arithmetic(micro, N, K, dtype):
+    torch.manual_seed(N + K)
+    w = torch.randn(N, K)
+    scales = schemes.int8_scales(w, scale_dtype=dtype).to(dtype)
+    codes = schemes.quantize_int8(w, scales)
+    tiles = cpu.tile_int8(codes)
+    assert torch.equal(cpu.untile_int8(tiles, N), codes)
+    weight = codes.float() * scales.float()[:, None]  # (N, K)
+    for M in range(1, 14):  # blocks of 6 rows: 1-6, then 7-12 in two, 13 in three
+        x = torch.randn(M, K).to(dtype)
+        close(micro.int8_mm(x, tiles, scales), x.float() @ weight.t(), dtype)
+
+
+@pytest.mark.parametrize("block_n", [32, 64])  # AVX2's and AVX-512's packings, on any CPU
+@pytest.mark.parametrize("group_size,K", [(32, 64), (64, 320), (128, 200)])  # 320 and 200: K padded
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_equals_fp32_arithmetic(micro, block_n, group_size, K, dtype):
+    torch.manual_seed(block_n + K)
+    N = 200  # padded to whole tiles of block_n rows
+    w = torch.randn(N, K)
+    scales, offsets = schemes.int4_params(w, group_size, scale_dtype=dtype)
+    codes = schemes.quantize_int4(w, scales, offsets, group_size)  # (N, K_padded)
+    weight = schemes.dequantize_int4(codes, scales, offsets, K)  # (N, K) fp32
+    N_padded = -(-N // block_n) * block_n
+    packed = cpu.to_cpu_int4_layout(F.pad(codes, (0, 0, 0, N_padded - N)), cpu.Int4Layout(block_n))
+    zeros = offsets + 8 * scales  # torch's table: w = (q - 8) * scale + zero
+    table = F.pad(torch.stack([scales.t(), zeros.t()], dim=-1), (0, 0, 0, N_padded - N)).to(dtype).contiguous()
+    for M in (1, 2, 5, 6, 7, 13):
+        x = torch.randn(M, K).to(dtype)
+        close(micro.int4_mm(x, packed, block_n, table, group_size, N), x.float() @ weight.t(), dtype)
+
+
+def test_bad_shapes_are_refused_with_a_message(micro):
+    x = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match=r"codes must be \(ceil\(N/16\), K, 16\) int8"):
+        micro.int8_mm(x, torch.zeros(1, 32, 16, dtype=torch.int8), torch.ones(16))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        micro.int8_mm(x.t(), torch.zeros(1, 2, 16, dtype=torch.int8), torch.ones(16))
+    with pytest.raises(RuntimeError, match="block_n must be a multiple of 32"):
+        micro.int4_mm(x, torch.zeros(16, 32, dtype=torch.uint8), 16, torch.ones(2, 16, 2), 32, 16)
+
+
+def test_each_cpu_gets_its_own_build(monkeypatch):
+    """-march=native code must not be loaded on another CPU sharing the same home folder."""
+    monkeypatch.setattr(cpu_compiled, "_cpu_flags", lambda: "fpu sse2 avx2")
+    avx2 = cpu_compiled.build_name()
+    monkeypatch.setattr(cpu_compiled, "_cpu_flags", lambda: "fpu sse2 avx2 avx512f")
+    assert cpu_compiled.build_name() != avx2
+
+
+def test_switched_off_it_says_why(monkeypatch):
+    monkeypatch.setenv(cpu_compiled.ENV_SWITCH, "0")
+    monkeypatch.setattr(cpu_compiled, "_tried", False)
+    monkeypatch.setattr(cpu_compiled, "_module", None)
+    monkeypatch.setattr(cpu_compiled, "_reason", None)
+    assert cpu_compiled.load() is None
+    assert cpu_compiled.unavailable_reason() == f"{cpu_compiled.ENV_SWITCH}=0"
+    kernel = cpu.CPUKernel()
+    assert kernel.micro is None  # the operators take over
+    with pytest.raises(RuntimeError, match="cannot run here"):
+        cpu.CPUKernel(microkernel=True)
