@@ -108,6 +108,15 @@ def measure_matmul_flops(
     return 2 * n**3 / seconds
 
 
+def step_weight_bytes(model: torch.nn.Module) -> int:
+    """The weight bytes one decode step reads: every parameter and buffer as loaded (quantized
+    codes, scales, offsets) and the fused CPU path's packed weights, which are not parameters
+    (`models/fused_cpu.py`; the default backend fuses wherever it runs).  Every weight-read
+    floor in the chapters divides this by a measured bandwidth (`LLM.weight_bytes` is the same
+    sum, for an engine)."""
+    return weight_bytes(model) + fused_weight_bytes(model)
+
+
 @dataclass(frozen=True)
 class DecodeCostModel:
     """The floors under one decode step (see the module docstring), KV reads included.
@@ -134,10 +143,8 @@ class DecodeCostModel:
         """Measure bandwidth and FLOP/s on the model's device, in the model's dtype."""
         device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
         return cls(
-            # From the shapes, and the fused CPU path's weights too: those are not parameters
-            # (`models/fused_cpu.py`), and the default backend fuses wherever it runs.
             num_params=model.config.num_parameters(),
-            weight_bytes=weight_bytes(model) + fused_weight_bytes(model),
+            weight_bytes=step_weight_bytes(model),
             bandwidth=measure_copy_bandwidth(num_repeats=num_repeats, device=device),
             # A GPU needs big products to reach its peak; a CPU core gets there at 1024.
             flops=measure_matmul_flops(

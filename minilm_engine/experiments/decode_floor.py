@@ -1,14 +1,22 @@
-"""A model's batch-1 decode step on this machine against its weight-read floor.
+"""A model's batch-1 decode, setting by setting (dtype, quantization), against its weight-read floor.
 
-Contract: `step_vs_floor(model, settings)` (a model of a real shape, from
-`real_shape.random_qwen3_folder`, or the shipped chef) measures each setting's batch-1 decode (chapter 06's `decode_speed_table`: alternating repeats, each run
-paired with a baseline run) and puts its step next to the floor its weight bytes set:
+Contract: `settings_vs_floor(model, settings)` (a model of a real shape, from
+`real_shape.random_qwen3_folder`, or the shipped chef) measures each setting's batch-1 decode
+through the whole engine (chapter 06's `decode_speed_table`: `LLM.generate` tokens/s, so the
+scheduler, the sampler and Python are in the step; alternating repeats, each run paired with a
+baseline run) and puts its step next to the floor its weight bytes set:
 
-    floor  = weight bytes (as loaded: codes, scales, the bf16 embedding) / copy bandwidth
+    floor  = weight bytes (`LLM.weight_bytes`: codes, scales, the bf16 embedding) / copy bandwidth
     step   = 1 / decode tokens per second
     step / floor ~ 1   the step is the weight read: fewer bytes (int8) give a faster step
     step / floor >> 1  the step is fixed per-step work (Python, launches, small operations):
                        fewer bytes buy nothing, and dequantizing can cost time
+
+Its sibling `real_shape.step_vs_floor(model, batch_sizes)` times the model's forward alone
+(`batching.time_decode_step`, no engine around it) at several batch sizes for one setting:
+chapter 01 asks how a step grows with the batch, chapter 08 what a setting does to the whole
+engine's step, so 08's steps are the longer by the engine's own per-step work.  Both floors
+divide `batching.step_weight_bytes` by a measured bandwidth.
 
 The same function measures the shipped chef, so a chapter can print both models side by side
 and say which effect each one shows.
@@ -22,7 +30,7 @@ from .batching import measure_copy_bandwidth
 from .quantization import Setting, decode_speed_table
 
 
-def step_vs_floor(model, settings: list[Setting], num_tokens: int = 16, repeats: int = 5,
+def settings_vs_floor(model, settings: list[Setting], num_tokens: int = 16, repeats: int = 5,
                   bandwidth: float | None = None) -> pd.DataFrame:
     """One row per setting: decode tokens/s (median of `repeats`; the first setting's over all
     its runs, the paired ones included), `speedup` (median of the paired ratios to the first

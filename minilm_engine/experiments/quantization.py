@@ -276,6 +276,7 @@ def decode_speed_table(model, settings: list[Setting], num_tokens: int = 16, pro
     def row(setting, llm, speeds, ratios):
         layer = next((m for m in llm.model.modules() if hasattr(m, "kernel")), None)
         rows.append({"setting": setting.label, "kernel": layer.kernel.name if layer else "-",
+                     "backend": llm.model_backend,  # "fused" only where this CPU can run it
                      "tokens_per_s": statistics.median(speeds), "weight_bytes": llm.weight_bytes,
                      "speedup": statistics.median(ratios), "runs": speeds, "ratios": ratios})
         if progress is not None:

@@ -26,7 +26,9 @@ floors taken close together in time:
     copy floor   (round i) = weight bytes / copy bandwidth (round i)
     matvec floor (round i) = weight bytes / matvec streaming rate (round i)
 
-Returns plain samples; the chapter turns them into intervals (`teaching.claims`).
+Returns plain samples; the chapter turns them into intervals (`teaching.claims`).  Chapter 08's
+`decode_floor.settings_vs_floor` measures the whole engine's step instead (`LLM.generate`, one
+batch size, several settings); both floors divide `batching.step_weight_bytes` by a bandwidth.
 """
 
 from __future__ import annotations
@@ -41,9 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from ..llm import LLM
-from ..models.fused_cpu import fused_weight_bytes
 from ..models.known_configs import KNOWN_CONFIGS
-from .batching import _median_time, measure_copy_bandwidth, time_decode_step, weight_bytes
+from .batching import _median_time, measure_copy_bandwidth, step_weight_bytes, time_decode_step
 
 MODEL_ID = "Qwen/Qwen3-0.6B"
 
@@ -138,7 +139,7 @@ def step_vs_floor(
     step and its floors together."""
     if num_rounds < 1 or not batch_sizes:
         raise ValueError(f"need num_rounds >= 1 and at least one batch size, got {num_rounds}, {batch_sizes}")
-    num_bytes = weight_bytes(model) + fused_weight_bytes(model)  # (the fused CPU path's are not parameters)
+    num_bytes = step_weight_bytes(model)
     steps: dict[int, list[float]] = {b: [] for b in batch_sizes}
     floors: list[float] = []
     matvec_floors: list[float] = []
