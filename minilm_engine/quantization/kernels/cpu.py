@@ -341,22 +341,20 @@ class CPUKernel:
         tile = max(INT4_ROW_PAD, SCRATCH_MAX_ELEMENTS // max(K, 1) // INT4_ROW_PAD * INT4_ROW_PAD)
         if layer.scheme == "int4" and layer.cpu_int4_layout is None:
             tile = N  # an unknown packing is read whole, through the operator: no tile is cheaper
+        dtype = x.dtype
+        if dtype == torch.bfloat16 and not native_bf16_matmul():
+            x = x.float()  # see native_bf16_matmul: fp32 BLAS, one rounding at the end
         if tile >= N:
-            return self._tile_matmul(layer, x, slice(0, N))
-        y = torch.empty(x.shape[0], N, dtype=x.dtype)
+            return self._tile_matmul(layer, x, slice(0, N)).to(dtype)
+        y = torch.empty(x.shape[0], N, dtype=dtype)
         for start in range(0, N, tile):
             rows = slice(start, min(start + tile, N))
             y[:, rows] = self._tile_matmul(layer, x, rows)
         return y
 
     def _tile_matmul(self, layer, x: torch.Tensor, rows: slice) -> torch.Tensor:
-        dtype = x.dtype
-        if dtype == torch.bfloat16 and not native_bf16_matmul():
-            x = x.float()  # see native_bf16_matmul: fp32 BLAS, one rounding at the end
         if layer.scheme == "int8":
             # The scale is per output row, so it multiplies the (M, n) product instead of the
             # (n, K) weight.
-            y = F.linear(x, self._int8_codes(layer, rows, x.dtype)) * layer.scales[rows].to(x.dtype)
-        else:
-            y = x @ self.dequantize_transposed(layer, x.dtype, rows)  # (M, K) @ (K, n)
-        return y.to(dtype)
+            return F.linear(x, self._int8_codes(layer, rows, x.dtype)) * layer.scales[rows].to(x.dtype)
+        return x @ self.dequantize_transposed(layer, x.dtype, rows)  # (M, K) @ (K, n)
