@@ -5,12 +5,20 @@ device)` accepts "auto", a name ("float16", "fp16", "half", "bfloat16", "bf16", 
 "fp32", "float") or a `torch.dtype`, and raises `ValueError` for anything else.  Asking for
 bfloat16 on a GPU without native bfloat16 (a T4) is not an error: it warns and uses float16.
 The policy itself is `choose_dtype`, a pure function of the device's compute capability.
+
+What the machine is, for every measurement that names where it ran: `describe_machine()` (one
+line: the GPU, or the CPU model with its vector ISA and cores), `cpu_vector_isa()` ("AVX-512",
+"AVX2", "NEON", ...) and `native_bf16_matmul()` (whether this CPU runs bf16 matmuls natively,
+through oneDNN; without it torch emulates them, many times slower than fp32).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import platform
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -92,3 +100,55 @@ def cpu_threads_for(num_parameters: int) -> int | None:
     has matmuls worth splitting.
     """
     return 1 if num_parameters < SMALL_MODEL_PARAMETERS else None
+
+
+def _cpuinfo_field(*keys: str) -> str | None:
+    """The first /proc/cpuinfo line starting with one of `keys` (Linux), else None."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(keys):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def cpu_vector_isa(flags: str | None = None) -> str:
+    """The widest vector instruction set the CPU offers, as a name: "AVX-512" (with "+bf16" when
+    it has AVX512_BF16), "AVX2", "AVX", "NEON", or "unknown".  `flags` is a cpuinfo flags line
+    (for tests); by default this machine's."""
+    if flags is None:
+        flags = _cpuinfo_field("flags", "Features") or ""
+    have = set(flags.split())
+    if "avx512f" in have:
+        return "AVX-512+bf16" if "avx512_bf16" in have else "AVX-512"
+    if "avx2" in have:
+        return "AVX2"
+    if "avx" in have:
+        return "AVX"
+    if "asimd" in have or "neon" in have or platform.machine() in ("arm64", "aarch64"):
+        return "NEON"
+    return "unknown"
+
+
+def describe_machine() -> str:
+    """One line naming where a number was measured: the GPU if torch sees one, else the CPU's
+    model, its vector ISA and its cores ("AMD EPYC 7B13, AVX2, 2 cores").  Timings from two
+    machines are not comparable, so every recorded measurement carries this line."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} (GPU)"
+    name = _cpuinfo_field("model name", "Model name") or platform.processor() or platform.machine()
+    return f"{name}, {cpu_vector_isa()}, {os.cpu_count()} cores"
+
+
+@functools.cache
+def native_bf16_matmul() -> bool:
+    """Whether this CPU runs bf16 matmuls natively (oneDNN with AVX512_BF16 / AMX, or ARM's bf16
+    instructions).  Without it torch emulates bf16, and a bf16 matmul is many times slower than
+    the same one in fp32 (on a 2-core AVX2 CPU, 16 rows times a 3072 x 1024 layer 25x slower).
+    Callers choose fp32 or a fallback path from it: the quantized kernels' many-row path, the
+    fused CPU backend, the tests that expect one or the other."""
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False

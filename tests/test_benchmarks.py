@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from minilm_engine.device import native_bf16_matmul
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.scripts]
@@ -113,7 +114,7 @@ def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_
     # oneDNN has bf16; quantized models keep their own kernels on the readable decoder
     chefs = ["noodle-chef reference, fp32", "noodle-chef fused, fp32"]
     def backend(label: str) -> str:
-        fused_runs = "fp32" in label or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        fused_runs = "fp32" in label or native_bf16_matmul()
         return label.split()[1].rstrip(",") if fused_runs else "reference"
 
     assert data["model_backends"] == {**{label: backend(label) for label in engines},
@@ -147,7 +148,7 @@ def test_cpu_step_profile_splits_a_decode_step_into_its_parts(tmp_path):
          "--json", str(tmp_path / "p.json")], ROOT / "benchmarks")
     data = json.loads((tmp_path / "p.json").read_text())
     # bf16 (its default) is fused where this CPU's oneDNN has bf16, else the readable model runs
-    assert data["backend"] == ("fused" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "reference")
+    assert data["backend"] == ("fused" if native_bf16_matmul() else "reference")
     (split,) = data["runs_ms"]
     # every leaf was reached by its wrapper, and no range counted twice (nested ranges would
     # add up to more than the step's wall time, leaving "other" negative)

@@ -135,3 +135,22 @@ def test_recorded_verdicts_make_one_table_and_a_rerun_replaces_its_row(tmp_path)
     assert rows[0]["measured"] == "1.20x" and rows[0]["interval"] == "[1.10x, 1.30x]"
     smoke = record(v1, "07", write=False, folder=tmp_path)
     assert smoke["verdict"] == FAILS and not (tmp_path / "07.json").exists()
+
+
+def test_each_record_names_its_machine_and_the_table_says_when_machines_mix(tmp_path) -> None:
+    import json
+
+    from minilm_engine.device import describe_machine
+    from minilm_engine.teaching.claims import machines_of, record, seed_claims_table
+
+    holds = judge("speculation helps one user", Measurement(1.4, 1.2, 1.6, "x"), low=1.0)
+    entry = record(holds, "05", folder=tmp_path)
+    assert entry["machine"] == describe_machine() and len(entry["date"]) == len("2026-12-02")
+    record(judge("batching is cheap", Measurement(1.2, 1.1, 1.3, "x"), high=1.5), "01", folder=tmp_path,
+           machine="Some Xeon, AVX-512, 2 cores")
+    # a record from before records named their machine
+    (tmp_path / "04.json").write_text(json.dumps({"old": {"chapter": "04", "claim": "old", "verdict": HOLDS}}))
+    rows = seed_claims_table(tmp_path)
+    assert machines_of(rows) == {"Some Xeon, AVX-512, 2 cores": ["01"], "not recorded": ["04"],
+                                 describe_machine(): ["05"]}
+    assert list(machines_of([r for r in rows if r["chapter"] == "05"])) == [describe_machine()]

@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+from minilm_engine.device import native_bf16_matmul
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.attention.reference import NoKVCache
 from minilm_engine.models.decoder import MLP, Attention
@@ -59,7 +60,7 @@ def test_fused_logits_match_the_readable_model(checkpoint):
 def test_fused_in_bf16_gives_the_readable_bf16_tokens(checkpoint, prompts):
     # bf16 is where the weights are packed for oneDNN (fp32 keeps plain matrices).  A CPU whose
     # oneDNN has no bf16 (AVX2 only) keeps the readable model, and says so.
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if native_bf16_matmul():
         reference, fused = engines(checkpoint.path, dtype="bfloat16")
         assert fused.model_backend == "fused" and fused.model.model.layers[0].mlp.gate_up_proj.packed
     else:

@@ -23,12 +23,12 @@ import datetime
 import json
 import math
 import os
-import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..device import describe_machine
 from ..experiments.batching import percentile
 
 PERCENTILES = (50, 90, 99)
@@ -54,20 +54,12 @@ class Provenance:
 
 
 def this_machine() -> str:
-    """One line naming this machine: the GPU if torch sees one, else the CPU and its cores."""
+    """One line naming this machine (`device.describe_machine`) and the torch threads it ran with."""
     import torch
 
     if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)} (GPU)"
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)"
+        return describe_machine()
+    return f"{describe_machine()}, {torch.get_num_threads()} torch thread(s)"
 
 
 def utc_now() -> str:

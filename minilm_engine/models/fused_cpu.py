@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import native_bf16_matmul
 from .decoder import MLP, Attention, CausalLM
 from .rope import apply_rotary
 
@@ -166,7 +167,7 @@ def fused_unavailable(model: CausalLM) -> str | None:
         return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
     if model.dtype not in PACKABLE_DTYPES:
         return f"oneDNN packs fp32 and bf16 weights here, and the model is {model.dtype}"
-    if model.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if model.dtype == torch.bfloat16 and not native_bf16_matmul():
         return "this CPU has no bf16 support in oneDNN"
     layer = model.model.layers[0]
     if type(layer.self_attn.q_proj) is not nn.Linear or type(layer.mlp.up_proj) is not nn.Linear:

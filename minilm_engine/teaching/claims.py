@@ -21,6 +21,7 @@ A median on the right side is never enough: on a shared, noisy machine the inter
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import random
@@ -28,6 +29,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..device import describe_machine
 
 HOLDS = "holds here"
 FAILS = "does not hold here"
@@ -210,15 +213,20 @@ def _fmt(x: float | None, unit: str) -> str:
 CLAIMS_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "claims"
 
 
-def record(verdict: Verdict, chapter: str, write: bool = True, folder: Path | None = None) -> dict:
+def record(verdict: Verdict, chapter: str, write: bool = True, folder: Path | None = None,
+           machine: str | None = None) -> dict:
     """Keep a chapter's verdict on a seed claim in `notebooks/claims/<chapter>.json` (one entry
-    per claim text, so a rerun replaces it), for the course's table of seed claims.  A smoke run
-    passes `write=False`: its small sizes must not overwrite the full run's numbers."""
+    per claim text, so a rerun replaces it), for the course's table of seed claims.  Each entry
+    names the machine it was measured on (`device.describe_machine()` unless given) and the UTC
+    date: a verdict on timings holds for that machine, and a table that mixes machines says so.
+    A smoke run passes `write=False`: its small sizes must not overwrite the full run's numbers."""
     m = verdict.measurement
     entry = {"chapter": chapter, "claim": verdict.claim.text, "source": verdict.claim.source,
              "asserted": verdict.claim.range_text(m.unit), "measured": _fmt(m.value, m.unit),
              "interval": f"[{_fmt(m.low, m.unit)}, {_fmt(m.high, m.unit)}]", "method": m.method,
-             "verdict": verdict.status, "reason": verdict.reason}
+             "verdict": verdict.status, "reason": verdict.reason,
+             "machine": describe_machine() if machine is None else machine,
+             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
     folder = CLAIMS_DIR if folder is None else folder
     if write and folder.parent.is_dir():  # an installed package has no notebooks/ beside it: keep nothing
         folder.mkdir(exist_ok=True)
@@ -230,9 +238,21 @@ def record(verdict: Verdict, chapter: str, write: bool = True, folder: Path | No
 
 
 def seed_claims_table(folder: Path | None = None) -> list[dict]:
-    """Every recorded verdict, chapter by chapter (the rows of the course's seed-claims table)."""
+    """Every recorded verdict, chapter by chapter (the rows of the course's seed-claims table).
+    A record written before records named their machine has machine "not recorded"."""
     folder = CLAIMS_DIR if folder is None else folder
     rows = []
     for path in sorted(folder.glob("*.json")):
-        rows += json.loads(path.read_text()).values()
+        rows += [{"machine": "not recorded", "date": "", **entry} for entry in json.loads(path.read_text()).values()]
     return rows
+
+
+def machines_of(rows: Sequence[dict]) -> dict[str, list[str]]:
+    """machine -> the chapters whose verdicts were measured on it, in order: one key when the
+    whole table comes from one machine, several when its timings must not be compared."""
+    machines: dict[str, list[str]] = {}
+    for row in rows:
+        chapters = machines.setdefault(row.get("machine", "not recorded"), [])
+        if row["chapter"] not in chapters:
+            chapters.append(row["chapter"])
+    return machines

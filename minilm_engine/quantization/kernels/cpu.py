@@ -46,13 +46,13 @@ torch runs on, with one copy of each weight in memory.
 
 from __future__ import annotations
 
-import functools
 import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ...device import native_bf16_matmul  # a name of this module: tests patch it here
 from .. import schemes
 from . import cpu_compiled
 
@@ -91,18 +91,6 @@ def tile_int8(codes: torch.Tensor) -> torch.Tensor:
 def untile_int8(tiles: torch.Tensor, N: int) -> torch.Tensor:
     """The inverse of `tile_int8`: (tiles, K, 16) -> (N, K)."""
     return tiles.transpose(1, 2).reshape(-1, tiles.shape[1])[:N]
-
-
-@functools.cache
-def native_bf16_matmul() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (AVX-512 BF16 / AMX, through
-    oneDNN).  Without it a bf16 matmul converts elements in software: on an AVX2 CPU, 16 rows
-    times a dequantized 3072 x 1024 layer held as (K, N) measured 25x slower in bf16 than in
-    fp32, so there bf16 inputs of the many-row path compute in fp32."""
-    try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def microkernel_max_rows(scheme: str, dtype: torch.dtype) -> int | None:
