@@ -22,6 +22,7 @@ from .engine.llm_engine import check_priority
 from .device import resolve_device, resolve_dtype
 from .inputs import SET_BY_CALLER, InputProcessor, PromptType
 from .models import load_model, resolve_model_path
+from .models.loader import DEFAULT_MODEL
 from .models.fused_cpu import apply_model_backend, fused_weight_bytes, resolve_model_backend
 from .outputs import RequestOutput
 from .quantization import weight_bytes
@@ -103,7 +104,8 @@ class LLM:
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.model_name = str(model)  # as the caller named it: a shipped model, a hub id or a folder
+        # as the caller named it: a shipped model, a hub id or a folder (None: the default model)
+        self.model_name = DEFAULT_MODEL if model is None else str(model)
         self.model_path = resolve_model_path(model)
         self.model = load_model(self.model_path, dtype=self.dtype, device=self.device)
         self.config = self.model.config

@@ -11,11 +11,14 @@ from hypothesis import strategies as st
 
 from minilm_engine import LLM
 from minilm_engine.data.noodle_corpus import make_receipt
+from minilm_engine.experiments import cost
 from minilm_engine.experiments.cost import (
     audit_receipt,
     cost_per_million_tokens,
     cost_table,
     measure_throughput,
+    measure_throughput_rounds,
+    median_run,
     throughput_figure,
     tokens_per_second_needed,
     unit_cost,
@@ -101,3 +104,33 @@ def test_wrong_receipts_are_caught() -> None:
     assert not audit_receipt("no receipt here").adds_up
 
 
+
+
+def test_rounds_rotate_the_order_and_keep_every_run(checkpoints, prompts, monkeypatch) -> None:
+    llm = LLM(checkpoints["llama"].path)
+    real = measure_throughput
+    order = []
+
+    def spy(llm, prompts, max_tokens, one_at_a_time=False, num_repeats=1):
+        order.append((len(prompts), one_at_a_time))
+        return real(llm, prompts, max_tokens, one_at_a_time=one_at_a_time, num_repeats=num_repeats)
+
+    monkeypatch.setattr(cost, "measure_throughput", spy)
+    setups = {"alone": (prompts[:2], True), "pair": (prompts[:2], False), "one": (prompts[:1], False)}
+    runs = measure_throughput_rounds(llm, setups, max_tokens=3, num_repeats=4)
+    a, p, o = (2, True), (2, False), (1, False)
+    assert order == [a, p, o, p, o, a, o, a, p, a, p, o]  # every setup first once per len(setups) rounds
+    assert {name: len(r) for name, r in runs.items()} == {"alone": 4, "pair": 4, "one": 4}
+    assert all(r.num_output_tokens == 3 * len(setups[name][0]) for name, rs in runs.items() for r in rs)
+    with pytest.raises(ValueError, match="num_repeats"):
+        measure_throughput_rounds(llm, setups, max_tokens=3, num_repeats=0)
+    with pytest.raises(ValueError, match="setups"):
+        measure_throughput_rounds(llm, {}, max_tokens=3)
+
+
+def test_the_median_run_is_a_real_run() -> None:
+    runs = [cost.Throughput(1, 1, 10, t, None) for t in (3.0, 1.0, 2.0, 9.0)]
+    assert median_run(runs).elapsed_s == 2.0  # lower middle of 1, 2, 3, 9
+    assert median_run(runs[:3]).elapsed_s == 2.0
+    with pytest.raises(ValueError):
+        median_run([])

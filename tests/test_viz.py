@@ -356,6 +356,28 @@ def test_static_png_draws_every_kind_of_trace_the_chapters_use(tiny_checkpoint):
     assert set(bundle) == {"image/png", "text/plain"} and bundle["text/plain"] == "<figure: all kinds>"
 
 
+def test_static_png_keeps_the_labels_written_on_bars(monkeypatch):
+    import matplotlib.axes
+    import plotly.graph_objects as go
+
+    from minilm_engine.viz.static_png import figure_to_png
+
+    drawn, real = [], matplotlib.axes.Axes.bar_label
+
+    def spy(self, container, labels=None, **kwargs):
+        drawn.append(list(labels))
+        return real(self, container, labels=labels, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar_label", spy)
+    fig = go.Figure(go.Bar(x=["alone", "batched"], y=[99, 867], text=["$0.28 / M", "<b>$0.03</b> / M"]))
+    assert figure_to_png(fig).startswith(b"\x89PNG")
+    assert drawn == [["$0.28 / M", "$0.03 / M"]]
+    drawn.clear()
+    figure_to_png(go.Figure(go.Bar(x=["a"], y=[1], text=["hidden"], textposition="none")))
+    figure_to_png(go.Figure(go.Bar(x=["a"], y=[1])))
+    assert drawn == []
+
+
 def test_png_renderer_makes_fig_show_leave_a_png(monkeypatch):
     import plotly.io as pio
 

@@ -29,7 +29,6 @@ per-step overhead (Python, kernel launches) that also does not grow with B.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -38,6 +37,7 @@ from pathlib import Path
 import torch
 
 from ..data.noodle_corpus import sample_prompts
+from ..device import describe_machine
 from ..kv_cache.contiguous import ContiguousKVCache
 from ..models.fused_cpu import fused_weight_bytes
 from ..outputs import RequestOutput
@@ -68,12 +68,10 @@ def _median_time(fn, num_repeats: int, device: torch.device) -> float:
 
 
 def hardware_summary(device: str | torch.device = "cpu") -> str:
-    """One line naming what the numbers were measured on."""
+    """One line naming what the numbers were measured on: the GPU, or the CPU's model, vector ISA
+    and cores (`device.describe_machine`), with torch's version and threads."""
     device = torch.device(device)
-    if device.type == "cuda":
-        what = torch.cuda.get_device_name(device)
-    else:
-        what = platform.processor() or platform.machine()
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else describe_machine()
     return (
         f"{device.type}: {what} | torch {torch.__version__}, "
         f"{torch.get_num_threads()} intra-op thread(s)"

@@ -2,7 +2,8 @@
 
 Contract: the cost functions are plain arithmetic on numbers the caller gives (prices in any
 currency per hour, speeds in tokens per second) and validate them; `measure_throughput` runs
-the package's real `LLM.generate` and returns what it saw.  Nothing here changes the engine.
+the package's real `LLM.generate` and returns what it saw; `measure_throughput_rounds` times
+several ways of serving in alternating rounds, so that they can be compared with a spread.  Nothing here changes the engine.
 
 The whole economics of serving fits in one division, the noodle shop's and the GPU's alike:
 
@@ -87,7 +88,7 @@ class Throughput:
     num_requests: int
     num_prompt_tokens: int
     num_output_tokens: int
-    elapsed_s: float  # wall clock of the whole call (the fastest of the repeats)
+    elapsed_s: float  # wall clock of the whole call (measure_throughput: the fastest of its repeats)
     mean_tpot_s: float | None  # mean time per output token seen by one request
 
     @property
@@ -140,6 +141,36 @@ def measure_throughput(
         elapsed_s=elapsed,
         mean_tpot_s=sum(tpots) / len(tpots) if tpots else None,
     )
+
+
+def measure_throughput_rounds(
+    llm, setups: dict[str, tuple[list[str], bool]], max_tokens: int, num_repeats: int = 5
+) -> dict[str, list[Throughput]]:
+    """Time several ways of serving side by side: `setups` maps a name to (prompts,
+    one_at_a_time), each as in `measure_throughput`.  Every round runs each setup once, in an
+    order rotated round by round, so drift on a shared machine hits every setup alike; returns
+    name -> one `Throughput` per round.  Compare two setups with the paired ratios of their
+    rounds (`teaching.claims.Measurement.ratio`), not with one run of each."""
+    if not setups:
+        raise ValueError("setups must not be empty")
+    if isinstance(num_repeats, bool) or not isinstance(num_repeats, int) or num_repeats < 1:
+        raise ValueError(f"num_repeats must be a positive int, got {num_repeats!r}")
+    names = list(setups)
+    runs: dict[str, list[Throughput]] = {name: [] for name in names}
+    for round_index in range(num_repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            prompts, one_at_a_time = setups[name]
+            runs[name].append(measure_throughput(llm, prompts, max_tokens, one_at_a_time=one_at_a_time))
+    return runs
+
+
+def median_run(runs: list[Throughput]) -> Throughput:
+    """The run of median wall time (the lower middle one for an even count): a real run, so
+    its tokens, time and time per token belong together."""
+    if not runs:
+        raise ValueError("runs must not be empty")
+    return sorted(runs, key=lambda r: r.elapsed_s)[(len(runs) - 1) // 2]
 
 
 # -- a receipt that must add up --------------------------------------------------------------

@@ -248,9 +248,14 @@ def _draw_bar(ax, trace, layout, default_color, label) -> None:
     common = {"color": color_arg, "label": label, "edgecolor": _color(edge) if isinstance(edge, str) else None,
               "linewidth": 0.5 if edge else 0}
     if horizontal:
-        ax.barh(pick(positions), pick(values), height=width, left=pick(base), **common)
+        bars = ax.barh(pick(positions), pick(values), height=width, left=pick(base), **common)
     else:
-        ax.bar(pick(positions), pick(values), width=width, bottom=pick(base), **common)
+        bars = ax.bar(pick(positions), pick(values), width=width, bottom=pick(base), **common)
+    text = trace.get("text")
+    if isinstance(text, (list, tuple)) and trace.get("textposition") != "none":
+        # the bars' own labels (a cost per bar, say): often the point of the figure, so they stay
+        labels = [_text(str(t)) if t is not None else "" for t in pick(list(text) + [None] * len(values))]
+        ax.bar_label(bars, labels=labels, fontsize=8, padding=2)
 
 
 def _draw_heatmap(ax, trace) -> None:
