@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from minilm_engine import LLM, SamplingParams
+from minilm_engine.device import native_bf16_matmul
 from minilm_engine.experiments import real_shape
 from minilm_engine.experiments.kv_growth import token_time_rounds
 from minilm_engine.models.known_configs import KNOWN_CONFIGS
@@ -26,7 +27,7 @@ def test_fields_are_qwen3_0_6b_with_the_layers_asked_for() -> None:
 
 
 @pytest.mark.slow
-def test_the_checkpoint_is_written_once_and_loads_in_bf16(tmp_path, monkeypatch) -> None:
+def test_the_checkpoint_is_written_once_and_loads_in_this_machines_dtype(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("MINILM_CACHE", str(tmp_path))
     folder = real_shape.random_qwen3_folder(1)
     assert folder.parent == tmp_path and not list(tmp_path.glob("*.partial"))
@@ -34,10 +35,18 @@ def test_the_checkpoint_is_written_once_and_loads_in_bf16(tmp_path, monkeypatch)
     assert real_shape.random_qwen3_folder(1) == folder
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == written  # not written again
     llm = real_shape.load_random_qwen3(1, max_model_len=64, num_kv_blocks=8)
-    assert llm.dtype == torch.bfloat16 and llm.config.num_hidden_layers == 1
+    expected = torch.bfloat16 if native_bf16_matmul() else torch.float32
+    assert llm.dtype == expected and llm.config.num_hidden_layers == 1
+    assert real_shape.load_random_qwen3(1, max_model_len=64, num_kv_blocks=8, dtype="bfloat16").dtype == torch.bfloat16
     assert llm.config.hidden_size == KNOWN_CONFIGS[real_shape.MODEL_ID]["hidden_size"]
     out = llm.generate(["Order for table 7:"], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)  # noise tokens
     assert len(out[0].outputs[0].token_ids) == 2
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
+def test_the_default_dtype_is_bf16_only_where_the_cpu_multiplies_it_natively(monkeypatch, native, expected) -> None:
+    monkeypatch.setattr(real_shape, "native_bf16_matmul", lambda: native)
+    assert real_shape.default_dtype("cpu") == expected
 
 
 def test_matvec_bandwidth_counts_the_weight_bytes_it_streams():

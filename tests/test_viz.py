@@ -356,7 +356,7 @@ def test_static_png_draws_every_kind_of_trace_the_chapters_use(tiny_checkpoint):
     assert set(bundle) == {"image/png", "text/plain"} and bundle["text/plain"] == "<figure: all kinds>"
 
 
-def test_static_png_keeps_the_labels_written_on_bars(monkeypatch):
+def test_static_png_keeps_the_labels_written_on_bars_and_ticks(monkeypatch):
     import matplotlib.axes
     import plotly.graph_objects as go
 
@@ -374,6 +374,12 @@ def test_static_png_keeps_the_labels_written_on_bars(monkeypatch):
     assert drawn == [["$0.28 / M", "$0.03 / M"]]
     drawn.clear()
     figure_to_png(go.Figure(go.Bar(x=["a"], y=[1], text=["hidden"], textposition="none")))
+    ticks = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_yticks", lambda self, values, labels=None, **kw: ticks.append(labels))
+    fig = go.Figure(go.Heatmap(z=[[1, 2], [3, 4]]))
+    fig.update_yaxes(tickvals=[0, 1], ticktext=["block 0", "block 16"])
+    figure_to_png(fig)
+    assert ticks == [["block 0", "block 16"]]
     figure_to_png(go.Figure(go.Bar(x=["a"], y=[1])))
     assert drawn == []
 

@@ -1,10 +1,14 @@
 """A model of a real shape, without a download: Qwen3-0.6B's config (`models/known_configs.py`)
-with random bf16 weights, for the lessons about bytes and FLOPs that the shipped 7M-parameter
+with random weights, for the lessons about bytes and FLOPs that the shipped 7M-parameter
 chef cannot show (on a CPU its steps are mostly fixed per-step overhead).
 
 Contract: `random_qwen3_folder(num_layers)` writes the checkpoint once (with
 `quantization.write_random_qwen3`, the benchmarks' writer) into a cache folder and returns it;
-`load_random_qwen3(num_layers, **llm_args)` loads it as an `LLM` in bf16.  `num_layers=None` is
+`load_random_qwen3(num_layers, **llm_args)` loads it as an `LLM` in `default_dtype(device)`: bf16
+where the machine multiplies bf16 natively (a GPU from capability 8.0, a CPU with AVX512_BF16 /
+AMX), else fp16 on an older GPU and fp32 on a CPU.  A CPU without native bf16 emulates every bf16
+matmul in software, many times slower than fp32, so a bf16 step there measures the emulation,
+not the bytes and FLOPs the lessons are about.  `num_layers=None` is
 the real depth (28); a smoke run passes fewer layers, which shrinks every cost in proportion and
 keeps each layer's shapes.
 
@@ -18,9 +22,9 @@ produces are noise, so nothing here reads them.
 
 `step_vs_floor(model, batch_sizes)` times decode steps with the package's one decode-step timer
 (`batching.time_decode_step`, which chapters 01 and 02 share) in interleaved rounds, and in every
-round also measures the copy bandwidth and the rate a one-token bf16 matvec streams a large
-weight matrix (`measure_matvec_bandwidth`: a copy counts bytes read and written, and a CPU's bf16
-kernels may stream slower than a copy), so each round gives a step and its two weight-read
+round also measures the copy bandwidth and the rate a one-token matvec in the model's dtype streams
+a large weight matrix (`measure_matvec_bandwidth`: a copy counts bytes read and written, and a
+CPU's matvec kernels may stream slower than a copy), so each round gives a step and its two weight-read
 floors taken close together in time:
 
     copy floor   (round i) = weight bytes / copy bandwidth (round i)
@@ -42,6 +46,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..device import native_bf16_matmul, resolve_device
 from ..llm import LLM
 from ..models.known_configs import KNOWN_CONFIGS
 from .batching import _median_time, measure_copy_bandwidth, step_weight_bytes, time_decode_step
@@ -78,10 +83,20 @@ def random_qwen3_folder(num_layers: int | None = None) -> Path:
     return folder
 
 
+def default_dtype(device: str | torch.device | None = None) -> str:
+    """The dtype a real-shaped model runs in here: "bfloat16" where bf16 matmuls are native (a
+    GPU of capability 8.0 or later, a CPU with `native_bf16_matmul()`), "float16" on an older
+    GPU (a T4), "float32" on a CPU that would only emulate bf16."""
+    device = resolve_device(device)
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.get_device_capability(device) >= (8, 0) else "float16"
+    return "bfloat16" if native_bf16_matmul() else "float32"
+
+
 def load_random_qwen3(num_layers: int | None = None, **llm_args) -> LLM:
-    """`LLM` over `random_qwen3_folder(num_layers)` in bf16 on the CPU unless told otherwise
-    (`llm_args` are `LLM`'s: device, max_model_len, num_kv_blocks, ...)."""
-    llm_args.setdefault("dtype", "bfloat16")
+    """`LLM` over `random_qwen3_folder(num_layers)`, in `default_dtype(device)` unless told
+    otherwise (`llm_args` are `LLM`'s: device, dtype, max_model_len, num_kv_blocks, ...)."""
+    llm_args.setdefault("dtype", default_dtype(llm_args.get("device")))
     llm_args.setdefault("record_trace", True)
     return LLM(random_qwen3_folder(num_layers), **llm_args)
 

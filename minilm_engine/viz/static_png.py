@@ -148,7 +148,10 @@ def _finish_axes(axes, layout) -> None:
                     set_lim(0, high)
             tickvals = _values(axis.get("tickvals"))
             if tickvals:
-                (ax.set_xticks if kind == "x" else ax.set_yticks)(tickvals, [f"{v:g}" if isinstance(v, (int, float)) else str(v) for v in tickvals])
+                ticktext = _values(axis.get("ticktext"))
+                if not ticktext or len(ticktext) != len(tickvals):  # plotly shows the values themselves
+                    ticktext = [f"{v:g}" if isinstance(v, (int, float)) else str(v) for v in tickvals]
+                (ax.set_xticks if kind == "x" else ax.set_yticks)(tickvals, [_text(str(t)) for t in ticktext])
             elif axis.get("type") == "log":  # plotly labels 1, 2, 5, 10 ..., not powers of ten
                 from matplotlib.ticker import FuncFormatter, LogLocator
 
