@@ -113,7 +113,7 @@ class FleetExercise(StoredCases):
                     f"so {needed} replicas; another batch limit within the SLO carries more per replica and needs "
                     "fewer. The quickest per user is not the cheapest fleet")
         if n < needed:
-            return (f"{n} replicas carry {n} x {row['tokens_per_s']:,.0f} = {n * row['tokens_per_s']:,.0f} tokens/s, "
+            return (f"{n} replicas carry {n} x {row['tokens_per_s']:,.1f} = {n * row['tokens_per_s']:,.0f} tokens/s, "
                     f"less than the {target:,.0f} asked for: a fleet is rounded up, never down")
         if n > needed:
             return f"{n} replicas are more than max_num_seqs={b} needs for this load: the fewest that carry it"
