@@ -102,7 +102,7 @@ def cpu_threads_for(num_parameters: int) -> int | None:
     return 1 if num_parameters < SMALL_MODEL_PARAMETERS else None
 
 
-def _cpuinfo_field(*keys: str) -> str | None:
+def cpuinfo_field(*keys: str) -> str | None:
     """The first /proc/cpuinfo line starting with one of `keys` (Linux), else None."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -118,7 +118,7 @@ def cpu_vector_isa(flags: str | None = None) -> str:
     it has AVX512_BF16), "AVX2", "AVX", "NEON", or "unknown".  `flags` is a cpuinfo flags line
     (for tests); by default this machine's."""
     if flags is None:
-        flags = _cpuinfo_field("flags", "Features") or ""
+        flags = cpuinfo_field("flags", "Features") or ""
     have = set(flags.split())
     if "avx512f" in have:
         return "AVX-512+bf16" if "avx512_bf16" in have else "AVX-512"
@@ -137,7 +137,7 @@ def describe_machine() -> str:
     machines are not comparable, so every recorded measurement carries this line."""
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)} (GPU)"
-    name = _cpuinfo_field("model name", "Model name") or platform.processor() or platform.machine()
+    name = cpuinfo_field("model name", "Model name") or platform.processor() or platform.machine()
     return f"{name}, {cpu_vector_isa()}, {os.cpu_count()} cores"
 
 

@@ -22,6 +22,8 @@ import shutil
 import warnings
 from pathlib import Path
 
+from ...device import cpuinfo_field
+
 SOURCE = Path(__file__).with_name("cpu_microkernel.cpp")
 ENV_SWITCH = "MINILM_CPU_MICROKERNEL"  # "0": never build, use torch's operators
 
@@ -32,13 +34,7 @@ _tried = False
 
 def _cpu_flags() -> str:
     """The CPU's feature flags (Linux), or the platform's name elsewhere."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpuinfo_field("flags", "Features") or platform.processor() or platform.machine()
 
 
 def build_name() -> str:
