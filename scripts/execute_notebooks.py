@@ -9,6 +9,12 @@ figures (MINILM_STATIC_FIGURES=1: PNG images, which GitHub renders; plotly's Jav
 not), from a copy stripped of old outputs, and is written back in place only if it executed
 without an error.  "Full size" is each chapter's own `env.size(full=...)`: chosen to take a few
 minutes on a laptop CPU.  tests/test_notebooks.py fails when a committed notebook lacks them.
+
+A full run also renews the chapter's record of seed-claim verdicts (`notebooks/claims/NN.json`,
+written by `teaching.claims.record`): the old record is set aside before the run, so that a claim
+the chapter no longer judges (or now words differently) does not linger in chapter 09's table,
+and put back if the run fails, as the notebook is.  tests/test_notebook_claims.py checks that
+every record is printed by its chapter's committed outputs.
 """
 
 from __future__ import annotations
@@ -30,7 +36,31 @@ def all_notebooks() -> list[Path]:
     return sorted(notebooks.glob("*.ipynb")) + sorted((notebooks / "solutions").glob("*.ipynb"))
 
 
+def claims_record(path: Path) -> Path | None:
+    """The verdicts file a chapter's `record(..., "NN")` calls write (NN: the name's prefix);
+    None for a solution notebook, which records nothing."""
+    if path.parent.name != "notebooks":
+        return None
+    return ROOT / "notebooks" / "claims" / f"{path.name.split('_')[0]}.json"
+
+
 def execute(path: Path, smoke: bool, timeout_s: int) -> float:
+    """Run one notebook; a full run starts its chapter's claims record afresh (see above)."""
+    record = claims_record(path)
+    if smoke or record is None or not record.exists():
+        return _execute(path, smoke, timeout_s)
+    set_aside = record.with_name(record.name + ".previous")
+    record.replace(set_aside)
+    try:
+        seconds = _execute(path, smoke, timeout_s)
+    except BaseException:
+        set_aside.replace(record)
+        raise
+    set_aside.unlink()
+    return seconds
+
+
+def _execute(path: Path, smoke: bool, timeout_s: int) -> float:
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code":
