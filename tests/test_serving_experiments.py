@@ -67,6 +67,23 @@ def test_latency_under_load_and_streaming(server):
     assert whole["first text p50 ms"] == whole["last text p50 ms"]  # nothing to see before the end
 
 
+def test_latency_under_load_probes_on_a_clock_keep_sending_while_earlier_ones_run(server):
+    # A user on a fixed clock does not wait for an answer before the next request (a user who did
+    # would, above capacity, only get her later requests through once the background had stopped).
+    interval = 0.001
+    load = serving.latency_under_load(server, [0, 20], num_probes=3, output_len=4, background_seconds=0.3,
+                                      probe_interval_s=interval)
+    by_rate = load.attrs["probe_results"]
+    for rate, results in by_rate.items():
+        assert len(results) == 3 and all(r.success for r in results), rate
+        assert results[1].sent_time < results[0].chunk_times[-1], rate  # sent before the first had finished
+    # Request i is the same request at every rate (paired comparisons read them by index).
+    assert [r.num_prompt_tokens for r in by_rate[0]] == [r.num_prompt_tokens for r in by_rate[20]]
+    assert load.loc[1, "background achieved req/s"] > 0
+    with pytest.raises(ValueError, match="probe_interval_s"):
+        serving.latency_under_load(server, [0], num_probes=1, probe_interval_s=0)
+
+
 def test_max_num_seqs_dial_runs_a_server_process_each_with_repeats():
     dial = serving.max_num_seqs_dial("noodle-apprentice", "cpu", [1, 4], num_requests=4, output_len=3, concurrency=4,
                                      num_repeats=2)

@@ -191,13 +191,30 @@ def _median_row(rows: list[dict]) -> dict:
 
 
 def latency_under_load(server: ServerThread, background_rates: list[float], num_probes: int = 6,
-                       output_len: int = 32, background_seconds: float = 8.0, seed: int = 0) -> pd.DataFrame:
-    """One user sends `num_probes` requests one after another while background traffic arrives
-    at each rate (0 = the user alone): the user's own TTFT and ITL, by background rate.
-    `table.attrs["probe_results"][rate]` keeps the user's `RequestResult`s."""
+                       output_len: int = 32, background_seconds: float = 8.0, seed: int = 0,
+                       probe_interval_s: float | None = None) -> pd.DataFrame:
+    """One user sends `num_probes` requests while background traffic arrives at each rate
+    (0 = the user alone): the user's own TTFT and ITL, by background rate.
+    `table.attrs["probe_results"][rate]` keeps the user's `RequestResult`s.
+
+    How the user sends them:
+      - `probe_interval_s=None`: one after another, each when the previous one has finished.
+        Fine below the server's capacity.  Above it, a user who waits for each answer gets her
+        first request through the backlog and the next ones only after the background has
+        stopped and the backlog drained: she would measure an idle server.
+      - `probe_interval_s=t`: one every t seconds, on a fixed clock, whether or not the previous
+        one has finished (a user with several tabs open), and the background keeps arriving until
+        the last one is sent: every probe meets the traffic, at any rate.  The same clock at
+        every rate, so request i is comparable across rates.
+    """
     name = model_name(server)
     probe_config = BenchConfig(base_url=server.url, model=name, ignore_eos=True)
     probes = noodle_requests(num_probes, output_len=output_len, seed=seed + 1)
+    lead_s = min(1.0, background_seconds / 4)  # the background starts first: the user meets traffic in flight
+    if probe_interval_s is not None:
+        if probe_interval_s <= 0:
+            raise ValueError(f"probe_interval_s must be > 0, got {probe_interval_s}")
+        background_seconds = max(background_seconds, lead_s + num_probes * probe_interval_s)
     rows, probes_by_rate = [], {}
     for rate in background_rates:
         num_bg = int(rate * background_seconds)
@@ -207,17 +224,20 @@ def latency_under_load(server: ServerThread, background_rates: list[float], num_
 
         async def both(num_bg=num_bg, bg_config=bg_config, background=background):  # bound now, run now
             async def probe_user() -> list[RequestResult]:
-                out = []
                 async with httpx.AsyncClient(timeout=600) as client:
-                    for request in probes:
-                        out.append(await send_request(client, probe_config, request))
-                return out
+                    if probe_interval_s is None:
+                        return [await send_request(client, probe_config, request) for request in probes]
+
+                    async def on_the_clock(i: int, request) -> RequestResult:
+                        await asyncio.sleep(i * probe_interval_s)
+                        return await send_request(client, probe_config, request)
+
+                    return list(await asyncio.gather(*(on_the_clock(i, r) for i, r in enumerate(probes))))
 
             if num_bg == 0:
                 return await probe_user(), None
-            # The background starts first, so the user meets traffic already in flight.
             bg_task = asyncio.create_task(run_benchmark_async(bg_config, background, progress=False))
-            await asyncio.sleep(min(1.0, background_seconds / 4))
+            await asyncio.sleep(lead_s)
             probe_results = await probe_user()
             return probe_results, await bg_task
 
