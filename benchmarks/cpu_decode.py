@@ -1,13 +1,13 @@
 """Batch-1 decode on a laptop-class CPU: this engine vs `transformers.generate` vs the floor.
 
 Issue 22's table, measured in one process on a Qwen3-0.6B configuration (shapes from
-`models/known_configs.py`) with random weights, written once as a bf16 checkpoint that every
+`model/known_configs.py`) with random weights, written once as a bf16 checkpoint that every
 system loads:
 
     1. batch-1 greedy decode after a 16-token prompt (48 tokens; the prefill is left out):
        tokens/s and step ms of minilm-engine (bf16 and fp32 activations), its readable decoder
-       (`models/decoder.py`) and its fused CPU backend (`model_backend="fused"`,
-       `models/fused_cpu.py`), and of `transformers.generate` on the same checkpoint and
+       (`model/decoder.py`) and its fused CPU backend (`model_backend="fused"`,
+       `model/fused_cpu.py`), and of `transformers.generate` on the same checkpoint and
        dtype, each against the weight-read
        floor: the bytes one decode step reads (every weight once; a tied head reads the
        embedding table) / the copy bandwidth of a large tensor copy, measured here
@@ -55,9 +55,9 @@ from common import QUICK_OVERRIDES, QWEN3_0_6B, add_threads_option, apply_thread
 from llama_cpp_baseline import build_ggufs, find_converter, llama_cpp_skip_reason, llama_cpp_step_ms
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.experiments.batching import measure_copy_bandwidth
-from minilm_engine.experiments.quantization import write_random_qwen3
-from minilm_engine.models.known_configs import KNOWN_CONFIGS
+from minilm_engine.course.experiments.batching import measure_copy_bandwidth
+from minilm_engine.course.experiments.quantization import write_random_qwen3
+from minilm_engine.model.known_configs import KNOWN_CONFIGS
 
 MODEL_ID = QWEN3_0_6B
 CHEF = "noodle-chef"

@@ -39,11 +39,11 @@ from common import QUICK_OVERRIDES, QWEN3_0_6B, add_threads_option, apply_thread
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.attention import context as attention_context
-from minilm_engine.engine import model_runner
-from minilm_engine.experiments.quantization import write_random_qwen3
-from minilm_engine.models import decoder, fused_cpu
-from minilm_engine.models.known_configs import KNOWN_CONFIGS
+from minilm_engine.model.attention import context as attention_context
+from minilm_engine.worker import model_runner
+from minilm_engine.course.experiments.quantization import write_random_qwen3
+from minilm_engine.model import decoder, fused_cpu
+from minilm_engine.model.known_configs import KNOWN_CONFIGS
 
 CATEGORIES = ("matmul", "attention", "norms", "rotary", "sampling")
 

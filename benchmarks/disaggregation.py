@@ -5,7 +5,7 @@ Three configurations on the same workload (the same prompts, seeds and arrival t
 engine with chunked prefill (a small max_num_batched_tokens); (c) a prefill engine and a decode
 engine with the prompt's KV copied between their pools (`minilm_engine/distributed/kv_transfer`).
 They alternate in every repeat; each cell is the median [min-max] over the repeats.  The
-measuring code is the package's (`minilm_engine.experiments.disaggregation`), which chapter 10
+measuring code is the package's (`minilm_engine.course.experiments.disaggregation`), which chapter 10
 runs.
 
 How (c) is timed on one machine: its two engines share these cores and run in one thread, so
@@ -13,7 +13,7 @@ each engine gets its own clock that advances by its own measured steps (and, for
 engine, by the KV copies it pulls): what two separate devices running at these speeds would
 show.  (a) and (b) are timed the same way, on one clock.  With one torch thread (the default)
 a step is timed in CPU seconds of this process, which other programs on a busy machine do not
-inflate (`experiments/disaggregation.py`).
+inflate (`course/experiments/disaggregation.py`).
 
     python benchmarks/disaggregation.py                   # noodle-chef, CPU (~2 min)
     python benchmarks/disaggregation.py --repeats 7 --long-tokens 900
@@ -29,7 +29,7 @@ import torch
 
 from common import add_threads_option, apply_threads_option
 
-from minilm_engine.experiments.disaggregation import (
+from minilm_engine.course.experiments.disaggregation import (
     CONFIGS,
     DisaggWorkload,
     build_configs,

@@ -4,7 +4,7 @@ Runs `strategy="no_cache"` and `strategy="kv_cache"` side by side in one process
 prompt and prints, for each generation length, both times and their ratio, next to the ratio
 of tokens each pushes through the model.  The two runs alternate and each is repeated, keeping
 the fastest, because a shared machine is noisy.  The measuring code is the package's
-(`minilm_engine.experiments.kv_growth`), the same that chapter 02 runs.
+(`minilm_engine.course.experiments.kv_growth`), the same that chapter 02 runs.
 
     python benchmarks/kv_cache.py                    # shipped model, CPU
     python benchmarks/kv_cache.py --lengths 64 256 --model noodle-apprentice
@@ -18,13 +18,9 @@ import torch
 
 from common import add_threads_option, apply_threads_option
 
-from minilm_engine import LLM
-from minilm_engine.data.noodle_corpus import sample_prompts
-from minilm_engine.experiments.kv_growth import (
-    compare_strategies,
-    num_token_passes,
-    time_generation,
-)
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.course.noodle_corpus import sample_prompts
+from minilm_engine.course.experiments.kv_growth import compare_strategies, num_token_passes, time_generation
 
 
 def main() -> None:
@@ -39,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     apply_threads_option(args)
 
-    llms = {s: LLM(args.model, device=args.device, strategy=s) for s in ("no_cache", "kv_cache")}
+    llms = {s: BaselineLLM(args.model, device=args.device, strategy=s) for s in ("no_cache", "kv_cache")}
     ref = llms["kv_cache"]
     prompt = sample_prompts(1, seed=0)[0]
     num_prompt_tokens = len(ref.tokenizer.encode(prompt))

@@ -1,6 +1,6 @@
 """Where the CPU weight-only kernel should switch paths: one layer, every path, by row count.
 
-The CPU kernel (`quantization/kernels/cpu.py`) runs torch's weight-only operators for a few
+The CPU kernel (`model/quantization/kernels/cpu.py`) runs torch's weight-only operators for a few
 rows and dequantizes into a scratch buffer for one bf16 matmul beyond; `CPU_OP_MAX_ROWS` is
 where.  This script measures both paths of each scheme, and bf16 `F.linear` beside them, on the
 Qwen3-0.6B projection shapes (random weights, bf16 activations), at each row count:
@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from common import add_threads_option, apply_threads_option
 from torch import nn
 
-from minilm_engine.quantization import QuantizationConfig
-from minilm_engine.quantization.kernels import cpu, cpu_compiled
-from minilm_engine.quantization.linear import QuantizedLinear
+from minilm_engine.model.quantization import QuantizationConfig
+from minilm_engine.model.quantization.kernels import cpu, cpu_compiled
+from minilm_engine.model.quantization.linear import QuantizedLinear
 
 # (out, in) of Qwen3-0.6B's projections: q, k, v, o, gate, up, down
 LAYER_SHAPES = [(2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072)]

@@ -31,7 +31,7 @@ import torch
 from common import add_threads_option, apply_threads_option
 
 from minilm_engine import SamplingParams
-from minilm_engine.sampler import sample, sample_one_at_a_time
+from minilm_engine.worker.sampler import sample, sample_one_at_a_time
 
 SETTINGS = {
     "greedy": SamplingParams(temperature=0),

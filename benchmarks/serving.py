@@ -30,9 +30,10 @@ from common import add_threads_option, apply_threads_option, hf_generate_static
 from transformers import AutoModelForCausalLM
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.data.noodle_corpus import SYSTEM_PROMPT, generate_documents, sample_prompts
-from minilm_engine.experiments.toy_simulator import predicted_speedup
-from minilm_engine.experiments.workloads import LengthMix, Workload, draw_output_lens, mixed_workload
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.course.noodle_corpus import SYSTEM_PROMPT, generate_documents, sample_prompts
+from minilm_engine.course.experiments.toy_simulator import predicted_speedup
+from minilm_engine.course.experiments.workloads import LengthMix, Workload, draw_output_lens, mixed_workload
 
 
 def best_of(repeats: int, fn) -> float:
@@ -58,9 +59,9 @@ def throughput(args) -> None:
     workload = mixed_workload(args.num_requests, seed=0)
     prompts, params = workload.prompts, workload.sampling_params
     useful = sum(p.max_tokens for p in params)
-    static = LLM(strategy="static_batch", max_num_seqs=args.batch)
+    static = BaselineLLM(strategy="static_batch", max_num_seqs=args.batch)
     # No step trace: it is for widgets and chapters, and static batching keeps none either.
-    continuous = LLM(strategy="continuous", max_num_seqs=args.batch, record_trace=False)
+    continuous = BaselineLLM(strategy="continuous", max_num_seqs=args.batch, record_trace=False)
     t_static, t_cont = alternate(args.repeats, lambda: timed_generate(static, prompts, params)[0],
                                  lambda: timed_generate(continuous, prompts, params)[0])
     hf_model = AutoModelForCausalLM.from_pretrained(continuous.model_path, dtype=torch.float32).eval()
@@ -108,8 +109,8 @@ def wide_spread(args) -> None:
     lens = [96 if i % 8 == 0 else 4 for i in range(num_requests)]
     workload = Workload(sample_prompts(num_requests, seed=12),
                         [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens])
-    static = LLM(strategy="static_batch", max_num_seqs=seats)
-    continuous = LLM(strategy="continuous", max_num_seqs=seats, record_trace=False)
+    static = BaselineLLM(strategy="static_batch", max_num_seqs=seats)
+    continuous = BaselineLLM(strategy="continuous", max_num_seqs=seats, record_trace=False)
     t_static, t_cont = alternate(
         args.repeats, lambda: timed_generate(static, workload.prompts, workload.sampling_params)[0],
         lambda: timed_generate(continuous, workload.prompts, workload.sampling_params)[0])
@@ -131,7 +132,7 @@ def capacity(args) -> None:
     params = LengthMix(short=(96, 192), long=(192, 320), long_fraction=0.5)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
               for n in draw_output_lens(len(prompts), seed=1, mix=params)]
-    llm = LLM(strategy="continuous", num_kv_blocks=num_blocks, block_size=block_size,
+    llm = BaselineLLM(strategy="continuous", num_kv_blocks=num_blocks, block_size=block_size,
               max_num_seqs=256, max_num_batched_tokens=4096)
     llm.generate(prompts, params, use_tqdm=False)
     records = llm.engine.trace.records
@@ -161,7 +162,7 @@ def prefix_ttft(args) -> None:
     questions = sample_prompts(args.prefix_requests, seed=5)
     params = SamplingParams(temperature=0, max_tokens=1)
 
-    llms = {caching: LLM(strategy="continuous", enable_prefix_caching=caching, max_num_seqs=1)
+    llms = {caching: BaselineLLM(strategy="continuous", enable_prefix_caching=caching, max_num_seqs=1)
             for caching in (True, False)}
 
     def mean_ttft(caching: bool) -> float:
@@ -184,7 +185,7 @@ def prefill_stall(args) -> None:
     short = sample_prompts(4, seed=8)
 
     def worst_gap(chunked: bool) -> float:
-        llm = LLM(strategy="continuous", enable_chunked_prefill=chunked,
+        llm = BaselineLLM(strategy="continuous", enable_chunked_prefill=chunked,
                   max_num_batched_tokens=64 if chunked else 1024, max_num_seqs=8)
         engine = llm.engine
         ids = llm.tokenizer.encode(long_prompt, verbose=False)[: 900]  # cut below: no length warning

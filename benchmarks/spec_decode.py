@@ -26,7 +26,11 @@ import platform
 import torch
 from common import add_threads_option, apply_threads_option
 
-from minilm_engine.experiments.speculative import measure_speculation, speedup_table, tokens_per_forward_table
+from minilm_engine.course.experiments.speculative import (
+    measure_speculation,
+    speedup_table,
+    tokens_per_forward_table,
+)
 
 
 def main() -> int:

@@ -33,7 +33,7 @@ import torch
 from common import add_threads_option, apply_threads_option
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.experiments.quantization import write_random_qwen3
+from minilm_engine.course.experiments.quantization import write_random_qwen3
 
 TINY = dict(vocab_size=2048, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2)

@@ -2,12 +2,12 @@
 
 Interactive requests arrive by a Poisson clock while a backlog of batch-tier requests waits
 (all queued at time 0); the same workload runs under --scheduling-policy fcfs and priority,
-alone and with the backlog, in alternating repeats (experiments/tiers.py).  Prints:
+alone and with the backlog, in alternating repeats (course/experiments/tiers.py).  Prints:
 
     1. interactive TTFT and ITL P50/P99, the backlog's tokens/s and all tokens/s, per condition
        (medians of the repeats, [min-max])
     2. TTFT P99 under the backlog, FCFS / priority (the median of the per-repeat ratios)
-    3. the batch tier's discount and cost per Mtok from the priority runs (ledger/tiers.py)
+    3. the batch tier's discount and cost per Mtok from the priority runs (course/ledger/tiers.py)
 
     python benchmarks/tiers.py                  # CPU, noodle-chef: ~3-5 minutes
     python benchmarks/tiers.py --quick          # a smoke run
@@ -23,9 +23,15 @@ from dataclasses import asdict
 
 from common import add_threads_option, apply_threads_option
 
-from minilm_engine.experiments.tiers import TierWorkload, measure_tiers, p99_ttft_ratio, summary, tiers_table
-from minilm_engine.ledger import Prices
-from minilm_engine.ledger.tiers import batch_tier_price
+from minilm_engine.course.experiments.tiers import (
+    TierWorkload,
+    measure_tiers,
+    p99_ttft_ratio,
+    summary,
+    tiers_table,
+)
+from minilm_engine.course.ledger import Prices
+from minilm_engine.course.ledger.tiers import batch_tier_price
 
 
 def main() -> int:

@@ -6,9 +6,9 @@
     print(out[0].outputs[0].text)
 """
 
-from .llm import LLM
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
-from .sampling_params import SamplingParams
+from minilm_engine.entrypoints.llm import LLM
+from minilm_engine.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minilm_engine.core.sampling_params import SamplingParams
 
 __all__ = ["LLM", "CompletionOutput", "RequestMetrics", "RequestOutput", "SamplingParams"]
 __version__ = "0.1.0"

@@ -1,3 +1,3 @@
-from .cli import main
+from minilm_engine.entrypoints.cli.main import main
 
 raise SystemExit(main())

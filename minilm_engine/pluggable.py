@@ -3,7 +3,7 @@
 Contract: a core function decorated `@replaceable("kv_cache.slot_mapping")` runs exactly as
 written until a replacement is installed with `override(name, fn)` (a context manager); inside
 it, every call of the decorated function, from anywhere in the engine, goes to `fn`.  The core
-knows nobody who installs: `teaching/build.py` swaps a learner's function in to check it in
+knows nobody who installs: `course/teaching/build.py` swaps a learner's function in to check it in
 the real engine, without touching a package file.
 
     core:      @replaceable("scheduler.preemption_victim")

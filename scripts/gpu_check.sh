@@ -98,8 +98,8 @@ if [[ $HAS_CUDA == 1 ]]; then
     timeout -k 10 90 "$PYTHON" - "$OUT_DIR/kernel_bandwidth.json" <<'KERNEL' 2>&1 | tee "$OUT_DIR/kernel_bandwidth.log"
 import json, sys
 import torch
-from minilm_engine.experiments.kernel_stats import measure_decode_bandwidth
-from minilm_engine.experiments.batching import measure_copy_bandwidth
+from minilm_engine.course.experiments.kernel_stats import measure_decode_bandwidth
+from minilm_engine.course.experiments.batching import measure_copy_bandwidth
 
 copy = measure_copy_bandwidth(num_bytes=1 << 30, device="cuda")
 points = (measure_decode_bandwidth([256, 1024, 4096, 16384], 32, 16, 8, 128, torch.bfloat16, "cuda")

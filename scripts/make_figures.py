@@ -1,6 +1,6 @@
 """Regenerate the figures of the README and the chapters from real measurements on the engine.
 
-Every number comes from the package's own experiment functions (`minilm_engine.experiments`),
+Every number comes from the package's own experiment functions (`minilm_engine.course.experiments`),
 the same ones the notebooks run; this script only chooses sizes, calls them, prints what they
 returned and draws it with matplotlib.  The shipped model noodle-chef runs on the CPU with one
 torch thread (steadier timings on a shared machine), so the figures describe this machine:
@@ -14,7 +14,7 @@ each title says which.
     figures/paged_vs_contiguous.png     memory.footprint_table, memory.waste_summary
     figures/chunked_prefill_stall.png   prefill.long_prompt_interference
     figures/technique_ladder.png        ledger.ladder.run_ladder (and its numbers in
-                                        minilm_engine/ledger/measured/ladder_cpu.json)
+                                        minilm_engine/course/ledger/measured/ladder_cpu.json)
 
     python scripts/make_figures.py                      # all six into figures/, 5-12 minutes
     python scripts/make_figures.py --quick              # smaller sizes, a smoke run (~20 s),
@@ -43,11 +43,12 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.data.noodle_corpus import sample_prompts
-from minilm_engine.experiments import batching, kv_growth, memory, prefill
-from minilm_engine.experiments.toy_simulator import simulate
-from minilm_engine.experiments.workloads import LengthMix, mixed_workload
-from minilm_engine.ledger import Ledger, Prices, ladder
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.course.noodle_corpus import sample_prompts
+from minilm_engine.course.experiments import batching, kv_growth, memory, prefill
+from minilm_engine.course.experiments.toy_simulator import simulate
+from minilm_engine.course.experiments.workloads import LengthMix, mixed_workload
+from minilm_engine.course.ledger import Ledger, Prices, ladder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL = "noodle-chef"
@@ -153,7 +154,7 @@ def save(fig, out_dir: Path, name: str) -> Path:
 
 
 def kv_cache_vs_recompute(sizes: Sizes, out_dir: Path) -> None:
-    llms = {name: LLM(MODEL, device=DEVICE, strategy=name) for name in ("no_cache", "kv_cache")}
+    llms = {name: BaselineLLM(MODEL, device=DEVICE, strategy=name) for name in ("no_cache", "kv_cache")}
     prompt = sample_prompts(1, seed=0)[0]
     num_prompt = len(llms["kv_cache"].tokenizer.encode(prompt))
     for llm in llms.values():
@@ -275,8 +276,8 @@ def static_vs_continuous(sizes: Sizes, out_dir: Path) -> None:
     seats = sizes.num_seats
     workload = mixed_workload(sizes.num_requests, seed=0, mix=sizes.length_mix)
     llms = {
-        "static": LLM(MODEL, device=DEVICE, strategy="static_batch", max_num_seqs=seats),
-        "continuous": LLM(MODEL, device=DEVICE, strategy="continuous", max_num_seqs=seats,
+        "static": BaselineLLM(MODEL, device=DEVICE, strategy="static_batch", max_num_seqs=seats),
+        "continuous": BaselineLLM(MODEL, device=DEVICE, strategy="continuous", max_num_seqs=seats,
                           num_kv_blocks=seats * 256 // 16),
     }
     batching.compare_serving(llms, workload[:4])  # warm-up

@@ -1,4 +1,4 @@
-"""Write minilm_engine/teaching/fixtures/sizing_cases.json: chapter 01's sizing judgment cases.
+"""Write minilm_engine/course/teaching/fixtures/sizing_cases.json: chapter 01's sizing judgment cases.
 
     python scripts/make_sizing_cases.py --measure   # measure the engine's step table (minutes), then write
     python scripts/make_sizing_cases.py             # keep the stored table, redraw the cases
@@ -7,7 +7,7 @@ The step table is measured on the package's continuous engine (the shipped noodl
 torch thread): for each batch size, every step of `engine_decode_sweep` rounds gives the mean and
 the P99 of a decode step, and a long prompt's prefill gives the cost of one prompt token.  The
 cases (a load, an SLO on P99 TPOT) are answered here, outside the package, together with the
-answers each usual mistake gives, so the checker (`teaching/judgment_sizing.py`) holds no
+answers each usual mistake gives, so the checker (`course/teaching/judgment_sizing.py`) holds no
 formula and no package import returns an expected value.  tests/test_judgment_sizing.py
 redraws the cases from the stored table and compares.
 """
@@ -33,7 +33,7 @@ def measure_table(num_rounds: int = 5, num_steps: int = 40) -> dict:
     import torch
 
     from minilm_engine import LLM, SamplingParams
-    from minilm_engine.experiments.batching import engine_decode_sweep, hardware_summary, percentile
+    from minilm_engine.course.experiments.batching import engine_decode_sweep, hardware_summary, percentile
 
     torch.set_num_threads(1)
     llm = LLM("noodle-chef", max_num_seqs=max(BATCH_SIZES), num_kv_blocks=max(BATCH_SIZES) * 16)

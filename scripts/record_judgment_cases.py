@@ -3,14 +3,14 @@
     python scripts/record_judgment_cases.py            # both fixtures
     python scripts/record_judgment_cases.py diagnosis  # or fleet
 
-diagnosis (chapter 07, teaching/fixtures/diagnosis_cases.json): the shipped chef served step by
+diagnosis (chapter 07, course/teaching/fixtures/diagnosis_cases.json): the shipped chef served step by
 step, with arrivals at chosen steps, under limits that cause one latency spike each (a long
 prefill, a preemption, a full KV pool, a full batch); the engine's trace becomes the case's
 steps (`judgment_diagnosis.steps_table`), and the answer is read off the trace by the
 definitions below (and checked against what the scenario did: a case whose trace does not show
 its cause is an error, not a stored case).
 
-fleet (chapter 08, teaching/fixtures/fleet_cases.json): one measured sweep of the chef over
+fleet (chapter 08, course/teaching/fixtures/fleet_cases.json): one measured sweep of the chef over
 `max_num_seqs` (the ladder's workload, every request at once, ledger.measure_workload) and
 sizing questions over it (a load, an SLO, a price); the answer is the batch limit that meets
 the SLO with the fewest replicas, that many replicas, and the fleet's cost per million tokens.
@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.experiments.prefill import corpus_token_ids
-from minilm_engine.teaching.exercises import FIXTURES_DIR
-from minilm_engine.teaching.judgment_diagnosis import steps_table
+from minilm_engine.course.experiments.prefill import corpus_token_ids
+from minilm_engine.course.teaching.exercises import FIXTURES_DIR
+from minilm_engine.course.teaching.judgment_diagnosis import steps_table
 
 
 def _prompt(llm, num_tokens: int, seed: int) -> dict:
@@ -115,7 +115,7 @@ def diagnosis_cases() -> list[dict]:
 
 
 def fleet_sweep() -> list[dict]:
-    from minilm_engine.ledger import ladder
+    from minilm_engine.course.ledger import ladder
 
     torch.set_num_threads(1)
     workload = ladder.ladder_workload(32, seed=0)

@@ -1,4 +1,4 @@
-"""Write the course's install cell and Colab badge into every notebook (see teaching/course.py).
+"""Write the course's install cell and Colab badge into every notebook (see course/teaching/course.py).
 
     python scripts/sync_notebooks.py          # rewrite notebooks/*.ipynb and notebooks/solutions/
     python scripts/sync_notebooks.py --check  # exit 1 and name the notebooks that differ
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 
-from minilm_engine.teaching.course import colab_badge, install_cell
+from minilm_engine.course.teaching.course import colab_badge, install_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
@@ -63,7 +63,7 @@ def main() -> int:
             if not check:
                 nbformat.write(nb, path)
     if check and stale:
-        print("not in sync with minilm_engine/teaching/course.py:", *stale, sep="\n  ")
+        print("not in sync with minilm_engine/course/teaching/course.py:", *stale, sep="\n  ")
         return 1
     print(("stale: " if check else "updated: ") + (", ".join(stale) or "none"))
     return 0

@@ -1,7 +1,7 @@
 """Train the two models minilm-engine ships: the chef (target) and its apprentice (draft).
 
 Both are ordinary `transformers` Llama models trained from scratch on the synthetic noodle-shop
-corpus of `minilm_engine.data.noodle_corpus`, and they share one byte-level BPE tokenizer, so the
+corpus of `minilm_engine.course.noodle_corpus`, and they share one byte-level BPE tokenizer, so the
 apprentice can draft tokens that the chef verifies (speculative decoding). Everything is seeded:
 the same command gives the same corpus, tokenizer, initial weights and batches (GPU kernels may
 still differ in the last bits from run to run).
@@ -39,7 +39,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run from a checkout, no install needed
-from minilm_engine.data.noodle_corpus import generate_documents  # noqa: E402
+from minilm_engine.course.noodle_corpus import generate_documents  # noqa: E402
 
 EOS = "<|endoftext|>"
 TRAIN_SEED, HELDOUT_SEED = 0, 1  # corpus seeds: the held-out text is never seen in training
@@ -270,7 +270,7 @@ MODEL_CARD = """# {name}
 
 A tiny Llama-architecture model trained from scratch by minilm-engine on synthetic
 noodle-shop text (orders, kitchen tickets, waiter dialogues, receipts, menus, diary notes,
-delivery notes) from `minilm_engine.data.noodle_corpus`. It knows nothing outside that shop.
+delivery notes) from `minilm_engine.course.noodle_corpus`. It knows nothing outside that shop.
 
 {role}
 

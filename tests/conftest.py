@@ -132,7 +132,7 @@ CHECKPOINT_NAMES = list(CHECKPOINT_SPECS)
 def corpus_texts() -> list[str]:
     """English text to train the tokenizer on: the noodle corpus when the package has it."""
     try:
-        from minilm_engine.data.noodle_corpus import generate_documents
+        from minilm_engine.course.noodle_corpus import generate_documents
     except ImportError:  # pragma: no cover - the corpus module is optional for these tests
         words = "the quick brown fox jumps over a lazy dog while noodles simmer in broth".split()
         rng = random.Random(0)
@@ -254,10 +254,10 @@ def prompts() -> list[str]:
 
 @pytest.fixture(scope="session")
 def cpu_microkernel():
-    """The compiled CPU micro-kernel (quantization/kernels/cpu_microkernel.cpp), built once.
+    """The compiled CPU micro-kernel (model/quantization/kernels/cpu_microkernel.cpp), built once.
     Where it cannot be built: a skip, or a failure under MINILM_REQUIRE_MICROKERNEL=1 (CI sets
     it, so a broken build cannot hide behind skips)."""
-    from minilm_engine.quantization.kernels import cpu_compiled
+    from minilm_engine.model.quantization.kernels import cpu_compiled
 
     module = cpu_compiled.load()
     if module is None:

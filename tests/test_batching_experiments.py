@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.experiments.batching and chapter 01's exercises.
+"""Tests for minilm_engine.course.experiments.batching and chapter 01's exercises.
 
 The engines run a tiny random Llama (from conftest) so the tests stay fast.  The central check:
 the real static and continuous engines take exactly the steps the toy simulator predicts, with
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from minilm_engine import LLM
-from minilm_engine.experiments import batching
-from minilm_engine.experiments.batching import (
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.course.experiments import batching
+from minilm_engine.course.experiments.batching import (
     DecodeCostModel,
     DecodeTiming,
     compare_serving,
@@ -29,8 +29,8 @@ from minilm_engine.experiments.batching import (
     time_decode_step,
     time_engine_decode_step,
 )
-from minilm_engine.experiments.toy_simulator import continuous_num_steps, simulate
-from minilm_engine.experiments.workloads import LengthMix, mixed_workload
+from minilm_engine.course.experiments.toy_simulator import continuous_num_steps, simulate
+from minilm_engine.course.experiments.workloads import LengthMix, mixed_workload
 
 MIX = LengthMix(short=(1, 6), long=(14, 20), long_fraction=0.25)
 NUM_SEATS = 4
@@ -40,8 +40,8 @@ NUM_SEATS = 4
 def llms(checkpoints):
     path = checkpoints["llama"].path
     return {
-        "static": LLM(path, strategy="static_batch", max_num_seqs=NUM_SEATS),
-        "continuous": LLM(path, strategy="continuous", max_num_seqs=NUM_SEATS),
+        "static": BaselineLLM(path, strategy="static_batch", max_num_seqs=NUM_SEATS),
+        "continuous": BaselineLLM(path, strategy="continuous", max_num_seqs=NUM_SEATS),
     }
 
 
@@ -187,7 +187,7 @@ def test_cost_model_with_kv_reads():
 
 
 def test_cost_model_for_real_shapes_reproduces_the_issue_claim():
-    from minilm_engine.models.known_configs import known_config
+    from minilm_engine.model.known_configs import known_config
 
     llama3 = known_config("Meta-Llama-3-8B")
     h100 = DecodeCostModel.for_shapes(llama3, bandwidth=3.35e12, flops=989e12)

@@ -32,11 +32,11 @@ from minilm_engine.bench.metrics import (
     summarize,
 )
 from minilm_engine.bench.serve import BenchConfig, arrival_offsets, run_benchmark, sweep
-from minilm_engine.ledger import Measurement
-from minilm_engine.cli import main
+from minilm_engine.course.ledger import Measurement
+from minilm_engine.entrypoints.cli.main import main
 from minilm_engine.entrypoints.openai import ServerThread
 from minilm_engine.entrypoints.openai.api_server import free_port
-from minilm_engine.models.loader import CHECKPOINTS_DIR
+from minilm_engine.model.loader import CHECKPOINTS_DIR
 
 
 def result(sent, chunks, num_output=None, num_prompt=5, success=True):

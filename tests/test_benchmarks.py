@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minilm_engine.device import native_bf16_matmul
+from minilm_engine.model.device import native_bf16_matmul
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.scripts]

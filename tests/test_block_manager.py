@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.kv_cache.block_manager: unit tests, then an engine-like state machine
+"""Tests for minilm_engine.core.kv_cache_manager: unit tests, then an engine-like state machine
 checked against a brute-force model of what every cache slot holds."""
 
 import pytest
@@ -6,8 +6,8 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from minilm_engine.kv_cache.block_manager import BlockManager, cdiv
-from minilm_engine.kv_cache.block_pool import BlockEventLog, BlockPool
+from minilm_engine.core.kv_cache_manager import BlockManager, cdiv
+from minilm_engine.core.block_pool import BlockEventLog, BlockPool
 
 BLOCK_SIZE = 4
 
@@ -440,7 +440,7 @@ def test_trim_frees_the_tail_blocks_once_and_never_committed_ones():
 def test_a_caller_kept_hash_list_hashes_each_block_once(monkeypatch):
     """A request waiting many steps looks its prefix up every step: with its hash list kept,
     each block is hashed once, and the answer is the one a fresh lookup gives."""
-    from minilm_engine.kv_cache import block_manager as bm
+    from minilm_engine.core import kv_cache_manager as bm
 
     manager = make_manager(num_blocks=8)
     prompt = list(range(13))

@@ -1,11 +1,17 @@
-"""Tests for minilm_engine.kv_cache.block_pool: unit tests, then a random-program state machine."""
+"""Tests for minilm_engine.core.block_pool: unit tests, then a random-program state machine."""
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from minilm_engine.kv_cache.block_pool import BlockEvent, BlockEventLog, BlockPool, KVCacheBlock, hash_block_tokens
+from minilm_engine.core.block_pool import (
+    BlockEvent,
+    BlockEventLog,
+    BlockPool,
+    KVCacheBlock,
+    hash_block_tokens,
+)
 
 
 def ids(blocks):

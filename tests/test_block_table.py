@@ -1,4 +1,4 @@
-"""Tests for kv_cache/block_table.py's `BlockTable`: the runner's block tables kept between steps.
+"""Tests for worker/block_table.py's `BlockTable`: the runner's block tables kept between steps.
 
 Its rows must always say what the block manager's tables say, whatever the engine does to them
 (allocate, trim rejected drafts, preempt, finish, abort), and the step built from them must be
@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.kv_cache.block_table import BlockTable, slot_mapping
-from minilm_engine.kv_cache.chunks import Chunk, flatten_chunks
+from minilm_engine.worker.block_table import BlockTable
+from minilm_engine.core.kv_cache_utils import slot_mapping
+from minilm_engine.worker.input_batch import Chunk, flatten_chunks
 
 
 def test_rows_follow_updates_and_grow():

@@ -1,4 +1,4 @@
-"""Build exercises (teaching/build.py): the learner's piece runs inside the real engine.
+"""Build exercises (course/teaching/build.py): the learner's piece runs inside the real engine.
 
 For every piece: a correct attempt written here (not the package's function) passes; the usual
 wrong attempts each fail with their own message; the package's own function, passed directly
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from minilm_engine import pluggable
-from minilm_engine.kv_cache import block_table
-from minilm_engine.teaching import build
-from minilm_engine.teaching.build_runs import BuildSetup, reference_run
-from minilm_engine.engine.scheduler import admits as package_admits
-from minilm_engine.teaching.build_pieces import CHUNK_ARGS, admit_args, preempt_args
+from minilm_engine.core import kv_cache_utils as block_table
+from minilm_engine.course.teaching import build
+from minilm_engine.course.teaching.build_runs import BuildSetup, reference_run
+from minilm_engine.core.scheduler import admits as package_admits
+from minilm_engine.course.teaching.build_pieces import CHUNK_ARGS, admit_args, preempt_args
 
 
 @pytest.fixture(scope="module")
@@ -491,7 +491,7 @@ def no_rescale_decode_kernel(
 
 @pytest.fixture(scope="module")
 def interpreted():
-    from minilm_engine.attention.triton_paged_prefill import is_interpreted
+    from minilm_engine.model.attention.triton_paged_prefill import is_interpreted
 
     if not is_interpreted() and not torch.cuda.is_available():
         pytest.skip("triton was imported before TRITON_INTERPRET=1 (see conftest.py)")
@@ -511,7 +511,7 @@ def test_decode_kernel_correct_passes_and_forgetting_the_rescale_fails(kernel_se
 
 
 def test_decode_kernel_package_kernel_and_wrong_type(setup, interpreted):
-    from minilm_engine.attention.triton_paged_decode import paged_decode_kernel
+    from minilm_engine.model.attention.triton_paged_decode import paged_decode_kernel
 
     assert_fails(build.check("decode_kernel", paged_decode_kernel, setup), "package's own")
     assert_fails(build.check("decode_kernel", lambda: None, setup), "@triton.jit")

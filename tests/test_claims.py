@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minilm_engine.teaching.claims import FAILS, HOLDS, UNRESOLVED, Claim, Measurement, judge
+from minilm_engine.course.teaching.claims import FAILS, HOLDS, UNRESOLVED, Claim, Measurement, judge
 
 
 def test_the_median_on_the_right_side_is_not_enough() -> None:
@@ -123,7 +123,7 @@ def test_bootstrap_over_items_separates_a_real_change_from_noise() -> None:
 
 
 def test_recorded_verdicts_make_one_table_and_a_rerun_replaces_its_row(tmp_path) -> None:
-    from minilm_engine.teaching.claims import record, seed_claims_table
+    from minilm_engine.course.teaching.claims import record, seed_claims_table
 
     v1 = judge("batching 32 costs little more than 1", Measurement(2.7, 2.2, 3.0, "x"), high=1.5, source="seed")
     record(v1, "01", folder=tmp_path)
@@ -140,8 +140,8 @@ def test_recorded_verdicts_make_one_table_and_a_rerun_replaces_its_row(tmp_path)
 def test_each_record_names_its_machine_and_the_table_says_when_machines_mix(tmp_path) -> None:
     import json
 
-    from minilm_engine.device import describe_machine
-    from minilm_engine.teaching.claims import machines_of, record, seed_claims_table
+    from minilm_engine.model.device import describe_machine
+    from minilm_engine.course.teaching.claims import machines_of, record, seed_claims_table
 
     holds = judge("speculation helps one user", Measurement(1.4, 1.2, 1.6, "x"), low=1.0)
     entry = record(holds, "05", folder=tmp_path)

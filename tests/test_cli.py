@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.cli: `minilm-engine generate` streams the same text `LLM` generates."""
+"""Tests for minilm_engine.entrypoints.cli.main: `minilm-engine generate` streams the same text `LLM` generates."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.cli import main
-from minilm_engine.device import cpu_threads_for
+from minilm_engine.entrypoints.cli.main import main
+from minilm_engine.model.device import cpu_threads_for
 
 PROMPT = "Order for table 7:"
 

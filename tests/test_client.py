@@ -19,7 +19,7 @@ from minilm_engine.bench.datasets import noodle_requests
 from minilm_engine.bench.serve import BenchConfig, run_benchmark
 from minilm_engine.entrypoints.openai import ServerThread
 from minilm_engine.entrypoints.rate_limit import RateLimiter, RateLimits
-from minilm_engine.experiments.client_view import client_view, spike_table
+from minilm_engine.course.experiments.client_view import client_view, spike_table
 
 
 @given(attempt=st.integers(0, 20), retry_after=st.one_of(st.none(), st.floats(0, 100)),

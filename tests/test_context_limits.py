@@ -11,11 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minilm_engine import LLM
-from minilm_engine.cli import main
+from minilm_engine.entrypoints.cli.main import main
 from minilm_engine.entrypoints.openai import ServerThread
-from minilm_engine.kv_cache.block_table import cdiv
-from minilm_engine.kv_cache.sizing import KVCacheBudget, max_context_len
-from minilm_engine.models.known_configs import known_config
+from minilm_engine.core.kv_cache_utils import cdiv
+from minilm_engine.core.kv_cache_sizing import KVCacheBudget, max_context_len
+from minilm_engine.model.known_configs import known_config
 
 MODEL = "noodle-chef"
 
@@ -90,7 +90,7 @@ def test_serve_prints_the_arithmetic_at_startup(monkeypatch, capsys):
 
 @pytest.mark.parametrize("num_kv_blocks, block_size, concurrency", [(64, 16, 4), (40, 8, 3)])
 def test_the_engine_runs_all_requests_side_by_side_exactly_up_to_the_limit(num_kv_blocks, block_size, concurrency):
-    from minilm_engine.experiments.context_limits import context_at_concurrency
+    from minilm_engine.course.experiments.context_limits import context_at_concurrency
 
     limit = max_context_len(num_kv_blocks, block_size, concurrency, 1024)
     table = context_at_concurrency(num_kv_blocks=num_kv_blocks, block_size=block_size, concurrency=concurrency,

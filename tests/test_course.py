@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from minilm_engine.teaching import course
+from minilm_engine.course.teaching import course
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
@@ -24,7 +24,7 @@ def test_install_cells_and_badges_follow_the_one_constant() -> None:
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         assert not sync.synced(nb, path.relative_to(ROOT).as_posix()), (
-            f"{path.name} is not in sync with teaching/course.py: run scripts/sync_notebooks.py"
+            f"{path.name} is not in sync with course/teaching/course.py: run scripts/sync_notebooks.py"
         )
     for path in NOTEBOOKS:
         text = path.read_text()
@@ -37,7 +37,7 @@ def test_the_pinned_ref_is_this_version_and_the_readme_names_the_repository() ->
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["version"] == course.PACKAGE_VERSION and course.GIT_REF == f"v{project['version']}"
     readme = (ROOT / "README.md").read_text()
-    assert course.REPOSITORY in readme and "teaching/course.py" in readme
+    assert course.REPOSITORY in readme and "course/teaching/course.py" in readme
 
 
 def test_the_colab_extra_forces_no_widget_or_frontend_upgrade() -> None:

@@ -1,4 +1,4 @@
-"""The compiled CPU micro-kernel (quantization/kernels/cpu_microkernel.cpp) against plain fp32
+"""The compiled CPU micro-kernel (model/quantization/kernels/cpu_microkernel.cpp) against plain fp32
 arithmetic on the dequantized weight: every row count across its blocks of 6, shapes that are
 not whole tiles, both of torch's vectorized int4 packings (whatever this CPU packs), float32
 and bfloat16 activations and scales.  Skipped where it cannot be built, except under
@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minilm_engine.quantization import schemes
-from minilm_engine.quantization.kernels import cpu, cpu_compiled
+from minilm_engine.model.quantization import schemes
+from minilm_engine.model.quantization.kernels import cpu, cpu_compiled
 
 
 @pytest.fixture

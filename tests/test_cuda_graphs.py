@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.engine.cuda_graphs: padded, graph-replayed decode equals eager decode.
+"""Tests for minilm_engine.worker.cuda_graphs: padded, graph-replayed decode equals eager decode.
 
 On a CPU there are no graphs, but `DecodeGraphRunner.run` executes the same padded,
 static-buffer forward that a graph records, so these tests check everything a graph adds
@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.engine.config import EngineConfig
-from minilm_engine.engine.cuda_graphs import DecodeGraphRunner, capture_sizes
-from minilm_engine.attention.paged import PagedAttentionMetadata
-from minilm_engine.attention.context import PagedAttention
-from minilm_engine.kv_cache.paged import PagedKVCache
-from minilm_engine.models.loader import load_model
+from minilm_engine.core.config import EngineConfig
+from minilm_engine.worker.cuda_graphs import DecodeGraphRunner, capture_sizes
+from minilm_engine.model.attention.paged import PagedAttentionMetadata
+from minilm_engine.model.attention.context import PagedAttention
+from minilm_engine.model.attention.kv_cache import PagedKVCache
+from minilm_engine.model.loader import load_model
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need a CUDA GPU")
@@ -141,10 +141,10 @@ def test_runner_refuses_what_it_cannot_run(checkpoints):
 def test_capture_needs_a_cuda_device(checkpoints):
     if HAS_CUDA:
         pytest.skip("checks the error on a machine without CUDA")
-    triton_paged_prefill = pytest.importorskip("minilm_engine.attention.triton_paged_prefill")
+    triton_paged_prefill = pytest.importorskip("minilm_engine.model.attention.triton_paged_prefill")
     if not triton_paged_prefill.is_interpreted():
         pytest.skip("the Triton backend runs on the CPU only under TRITON_INTERPRET=1")
-    from minilm_engine.attention.backends import get_attention_backend
+    from minilm_engine.model.attention.backends import get_attention_backend
 
     model = load_model(checkpoints["qwen3"].path)
     cache = PagedKVCache(model.config, 8, 4, model.dtype, model.device)
@@ -178,7 +178,7 @@ def test_engine_with_padded_decode_equals_engine_without(checkpoints, prompts, b
     # Different output lengths make the batch shrink as requests finish (5 -> 4 -> ... -> 1),
     # so several buckets and their padding are used.
     if backend == "triton":
-        triton_paged_prefill = pytest.importorskip("minilm_engine.attention.triton_paged_prefill")
+        triton_paged_prefill = pytest.importorskip("minilm_engine.model.attention.triton_paged_prefill")
         if not triton_paged_prefill.is_interpreted():
             pytest.skip("the Triton kernels run on the CPU only under TRITON_INTERPRET=1")
     max_tokens = [7, 3, 5, 1, 6]
@@ -212,7 +212,7 @@ def test_graph_replays_equal_eager_steps(checkpoints):
     block_size, num_blocks = 4, 140
     eager_cache = random_cache(model, num_blocks, block_size, seed=0)
     graph_cache = clone_cache(eager_cache)
-    from minilm_engine.attention.backends import get_attention_backend
+    from minilm_engine.model.attention.backends import get_attention_backend
 
     backend = get_attention_backend("triton", "cuda", model.dtype)
     runner = DecodeGraphRunner(model, graph_cache, backend, max_batch_size=16, max_blocks_per_seq=10)

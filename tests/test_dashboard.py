@@ -1,14 +1,14 @@
-"""Tests for minilm_engine.viz.dashboard: the three modes from a measured ladder, and the widget."""
+"""Tests for minilm_engine.course.viz.dashboard: the three modes from a measured ladder, and the widget."""
 
 from __future__ import annotations
 
 import pytest
 
 from minilm_engine import LLM
-from minilm_engine.experiments.workloads import LengthMix
-from minilm_engine.ledger import Ledger, Prices
-from minilm_engine.ledger.ladder import LADDER, Rung, ladder_workload, run_ladder
-from minilm_engine.viz.dashboard import MODES, LedgerDashboard, load_measured_ladder
+from minilm_engine.course.experiments.workloads import LengthMix
+from minilm_engine.course.ledger import Ledger, Prices
+from minilm_engine.course.ledger.ladder import LADDER, Rung, ladder_workload, run_ladder
+from minilm_engine.course.viz.dashboard import MODES, LedgerDashboard, load_measured_ladder
 
 pytestmark = pytest.mark.slow  # the fixture measures a whole ladder (about 10 s)
 

@@ -1,4 +1,4 @@
-"""experiments/decode_floor: a model's decode step against its weight-read floor."""
+"""course/experiments/decode_floor: a model's decode step against its weight-read floor."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from minilm_engine.experiments import decode_floor
-from minilm_engine.experiments.quantization import Setting, write_random_qwen3
+from minilm_engine.course.experiments import decode_floor
+from minilm_engine.course.experiments.quantization import Setting, write_random_qwen3
 
 
 def test_settings_vs_floor_puts_each_step_next_to_its_weight_bytes(tmp_path):

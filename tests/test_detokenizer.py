@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.detokenizer: incremental text equals decoding everything at once.
+"""Tests for minilm_engine.core.detokenizer: incremental text equals decoding everything at once.
 
 Random token ids are the hard case: byte-level tokenizers then produce bytes that are not valid
 UTF-8, characters split over tokens, and special tokens that decode to nothing.  Two tokenizer
@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from minilm_engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
-from minilm_engine.request import Request
-from minilm_engine.sampling_params import SamplingParams
+from minilm_engine.core.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from minilm_engine.core.request import Request
+from minilm_engine.core.sampling_params import SamplingParams
 
 TEXTS = [
     "Miso ramen, two bowls. 味噌ラーメン二つ！ Extra egg 🥚 and chili 🌶️, total $31.50",

@@ -1,11 +1,17 @@
-"""Tests for minilm_engine.device: which device and dtype a model gets, and the clear errors."""
+"""Tests for minilm_engine.model.device: which device and dtype a model gets, and the clear errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from minilm_engine.device import choose_dtype, cpu_vector_isa, describe_machine, resolve_device, resolve_dtype
+from minilm_engine.model.device import (
+    choose_dtype,
+    cpu_vector_isa,
+    describe_machine,
+    resolve_device,
+    resolve_dtype,
+)
 
 H200, A100, T4, V100 = (9, 0), (8, 0), (7, 5), (7, 0)
 
@@ -77,8 +83,8 @@ def test_a_t4_gets_the_torch_attention_with_the_reason(monkeypatch, capability, 
     pytest.importorskip("triton")
     import triton
 
-    from minilm_engine.attention import backends, triton_paged_prefill
-    from minilm_engine.teaching.notebook import attention_summary
+    from minilm_engine.model.attention import backends, triton_paged_prefill
+    from minilm_engine.course.teaching.notebook import attention_summary
 
     monkeypatch.setattr(triton_paged_prefill, "is_interpreted", lambda: False)  # as on a real GPU
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)

@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.experiments.diners: the seed's speed toy against chapter 01's step toy."""
+"""Tests for minilm_engine.course.experiments.diners: the seed's speed toy against chapter 01's step toy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minilm_engine.experiments.diners import (
+from minilm_engine.course.experiments.diners import (
     comparison_rows,
     compare_toys,
     draw_speeds,

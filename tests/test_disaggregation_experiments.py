@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.experiments.disaggregation (chapter 10) on the shipped noodle-apprentice:
+"""Tests for minilm_engine.course.experiments.disaggregation (chapter 10) on the shipped noodle-apprentice:
 the three configurations compute the same tokens, the disaggregated run moves exactly the
 prompts' KV that the consumer lacked, the clocks are causal (a token after its request
 arrived, each after the one before), and the summary's spreads hold their medians.  Timings
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from minilm_engine.experiments import disaggregation as dis
+from minilm_engine.course.experiments import disaggregation as dis
 
 MODEL = "noodle-apprentice"
 WORKLOAD = dis.DisaggWorkload(

@@ -12,10 +12,17 @@ import nbformat
 import numpy as np
 import pytest
 
-from minilm_engine.models.known_configs import known_config
-from minilm_engine.teaching.drills import DRILLS_DIR, FORMULAS, KINDS, export_markdown, load_drills, parse_number
-from minilm_engine.teaching.quiz import Quiz, render_text
-from minilm_engine.teaching.serving_math import MOE_SHAPES, expected_distinct, tree_num_nodes
+from minilm_engine.model.known_configs import known_config
+from minilm_engine.course.teaching.drills import (
+    DRILLS_DIR,
+    FORMULAS,
+    KINDS,
+    export_markdown,
+    load_drills,
+    parse_number,
+)
+from minilm_engine.course.teaching.quiz import Quiz, render_text
+from minilm_engine.course.teaching.serving_math import MOE_SHAPES, expected_distinct, tree_num_nodes
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -135,7 +142,7 @@ def test_the_widget_builds_and_grades() -> None:
 
 def test_the_mock_interview_widget_walks_the_set() -> None:
     pytest.importorskip("ipywidgets")
-    from minilm_engine.teaching.quiz_widget import mock_widget
+    from minilm_engine.course.teaching.quiz_widget import mock_widget
 
     mock = Quiz(seed=0).mock_interview(num_questions=3, minutes=5, seed=4)
     box = mock_widget(mock)

@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.engine: the continuous-batching engine on tiny real checkpoints.
+"""Tests for minilm_engine.entrypoints.llm_engine: the continuous-batching engine on tiny real checkpoints.
 
 The yardstick is the simplest strategy that is already tested against `transformers`:
 "kv_cache" runs one request at a time, so whatever the engine does (batching, chunking,
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import pytest
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.request import Request
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.core.request import Request
 
 MAX_MODEL_LEN = 64
 BLOCK_SIZE = 4
@@ -34,7 +35,7 @@ class Arrival:
 def make_llm(path, strategy: str = "continuous", **engine_args) -> LLM:
     if strategy == "continuous":
         engine_args.setdefault("block_size", BLOCK_SIZE)
-    return LLM(path, strategy=strategy, max_model_len=MAX_MODEL_LEN, **engine_args)
+    return BaselineLLM(path, strategy=strategy, max_model_len=MAX_MODEL_LEN, **engine_args)
 
 
 @pytest.fixture(scope="module")
@@ -586,8 +587,8 @@ def test_without_a_trace_the_outputs_are_the_same_and_nothing_piles_up(checkpoin
 
 
 def test_without_a_trace_a_step_builds_no_trace_objects(checkpoints, monkeypatch):
-    from minilm_engine.engine.trace import ScheduledChunk, StepRecord
-    from minilm_engine.kv_cache.block_pool import BlockEvent
+    from minilm_engine.core.trace import ScheduledChunk, StepRecord
+    from minilm_engine.core.block_pool import BlockEvent
 
     llm = make_llm(checkpoints["qwen3"].path, num_kv_blocks=16, max_num_batched_tokens=16, record_trace=False)
     for cls in (StepRecord, ScheduledChunk, BlockEvent):
@@ -606,8 +607,8 @@ def test_without_a_trace_a_step_builds_no_trace_objects(checkpoints, monkeypatch
 
 
 def test_default_pool_holds_max_num_seqs_full_requests_within_the_limit():
-    from minilm_engine.engine.config import EngineConfig
-    from minilm_engine.kv_cache.sizing import default_num_kv_blocks
+    from minilm_engine.core.config import EngineConfig
+    from minilm_engine.core.kv_cache_sizing import default_num_kv_blocks
 
     config = EngineConfig(max_num_seqs=4, block_size=16)
     assert default_num_kv_blocks(config, 100, per_block=1000, limit=10**9) == 4 * 7  # 7 blocks of 16 each

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from minilm_engine.cli import main
+from minilm_engine.entrypoints.cli.main import main
 from minilm_engine.entrypoints.openai.api_server import free_port
 
 
@@ -63,7 +63,7 @@ def test_serve_process_answers_then_stops_on_ctrl_c():
 def test_model_backend_flag_reaches_the_engine(monkeypatch, extra, backend):
     import argparse
 
-    from minilm_engine.entrypoints.cli import add_engine_arguments, llm_from_args
+    from minilm_engine.entrypoints.cli.serve import add_engine_arguments, llm_from_args
 
     monkeypatch.delenv("MINILM_MODEL_BACKEND", raising=False)
     parser = argparse.ArgumentParser()

@@ -18,7 +18,8 @@ import openai
 import pytest
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.chat_template import NOODLE_CHAT_TEMPLATE, chat_format_for, render_chat
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.entrypoints.chat_template import NOODLE_CHAT_TEMPLATE, chat_format_for, render_chat
 from minilm_engine.entrypoints.openai import ServerThread
 
 PROMPTS = ["Order for table 7:\n", "Receipt #7061\n", "Shop diary, 12 March\n"]
@@ -28,7 +29,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 @pytest.fixture(scope="module")
 def llm():
     """The reference: each prompt alone (the server's own engine belongs to its thread)."""
-    return LLM("noodle-chef", device="cpu", strategy="kv_cache")
+    return BaselineLLM("noodle-chef", device="cpu", strategy="kv_cache")
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +175,7 @@ def test_api_key_is_checked_on_every_route_but_health():
 def test_a_checkpoints_own_chat_template_wins(checkpoints):
     ckpt = checkpoints["qwen2"]
     llm = LLM(ckpt.path, device="cpu", record_trace=False)
-    reference = LLM(ckpt.path, device="cpu", strategy="kv_cache")
+    reference = BaselineLLM(ckpt.path, device="cpu", strategy="kv_cache")
     assert chat_format_for(llm.tokenizer, llm.model_path) is None  # a tiny test model has none
     with ServerThread(llm) as server:
         reply = httpx.post(server.url + "/v1/chat/completions",

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from minilm_engine import LLM
-from minilm_engine.cli import main
+from minilm_engine.entrypoints.cli.main import main
 from minilm_engine.entrypoints.openai import ServerThread
 from minilm_engine.entrypoints.rate_limit import RateLimiter, RateLimits
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.data.noodle_corpus import sample_prompts
+from minilm_engine.course.noodle_corpus import sample_prompts
 from minilm_engine.entrypoints.openai import ServerThread
 
 NUM_CLIENTS = 64

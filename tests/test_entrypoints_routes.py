@@ -18,9 +18,10 @@ import openai
 import pytest
 
 from minilm_engine import LLM, SamplingParams, __version__
-from minilm_engine.cli import build_parser
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.entrypoints.cli.main import build_parser
 from minilm_engine.entrypoints.openai import ServerThread
-from minilm_engine.models.loader import CHECKPOINTS_DIR
+from minilm_engine.model.loader import CHECKPOINTS_DIR
 from test_entrypoints_parsing import MODEL, client, server  # noqa: F401  (fixtures: one server per module)
 
 PROMPTS = ["Order for table 7:\n", "Receipt #7061\n", "Shop diary, 12 March\n"]
@@ -31,7 +32,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Two bowls, ple
 @pytest.fixture(scope="module")
 def llm():
     """The reference: each prompt alone."""
-    return LLM(MODEL, device="cpu", strategy="kv_cache")
+    return BaselineLLM(MODEL, device="cpu", strategy="kv_cache")
 
 
 def alone(llm, prompt, max_tokens):

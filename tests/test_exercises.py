@@ -8,25 +8,25 @@ import json
 import pytest
 import torch
 
-from minilm_engine.models.config import ModelConfig
-from minilm_engine.teaching import exercise_fixtures
-from minilm_engine.teaching.exercises import FIXTURES_DIR, Exercise, close, exact
-from minilm_engine.teaching.exercises_batching import continuous_steps, static_padding
-from minilm_engine.teaching.exercises_cost_kv import (
+from minilm_engine.model.config import ModelConfig
+from minilm_engine.course.teaching import exercise_fixtures
+from minilm_engine.course.teaching.exercises import FIXTURES_DIR, Exercise, close, exact
+from minilm_engine.course.teaching.exercises_batching import continuous_steps, static_padding
+from minilm_engine.course.teaching.exercises_cost_kv import (
     COST_PER_MILLION,
     KV_BYTES_PER_TOKEN,
     MAX_CACHED_TOKENS,
     model_config,
 )
-from minilm_engine.teaching.exercises_kernels import decode_kv_bytes_exercise
-from minilm_engine.teaching.exercises_ledger import BREAK_EVEN, GPUS_FOR_LOAD
-from minilm_engine.teaching.exercises_paging import (
+from minilm_engine.course.teaching.exercises_kernels import decode_kv_bytes_exercise
+from minilm_engine.course.teaching.exercises_ledger import BREAK_EVEN, GPUS_FOR_LOAD
+from minilm_engine.course.teaching.exercises_paging import (
     cached_prefix_exercise,
     prefill_chunks_exercise,
     slot_mapping_exercise,
 )
-from minilm_engine.teaching.exercises_serving import tail_and_goodput_exercise
-from minilm_engine.teaching.exercises_spec import tokens_per_round_exercise
+from minilm_engine.course.teaching.exercises_serving import tail_and_goodput_exercise
+from minilm_engine.course.teaching.exercises_spec import tokens_per_round_exercise
 
 ALL = [
     COST_PER_MILLION, continuous_steps, static_padding, KV_BYTES_PER_TOKEN, MAX_CACHED_TOKENS,
@@ -177,7 +177,7 @@ def test_exercise_config_has_the_parameter_count_of_the_full_config() -> None:
 
 
 def test_paging_checkers() -> None:
-    from minilm_engine.kv_cache.block_pool import hash_block_tokens
+    from minilm_engine.core.block_pool import hash_block_tokens
 
     def slots(block_table, block_size, start, end):
         return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]

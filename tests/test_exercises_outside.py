@@ -7,7 +7,7 @@ import math
 import pytest
 
 from minilm_engine.entrypoints.rate_limit import TokenBucket
-from minilm_engine.teaching.exercises_outside import bucket_exercise, recorded_traffic
+from minilm_engine.course.teaching.exercises_outside import bucket_exercise, recorded_traffic
 
 
 def correct(level, capacity, rate, elapsed, amount):

@@ -1,11 +1,11 @@
-"""Tests for minilm_engine.teaching.exercises_spec: the checkers pass the engine's rule and
+"""Tests for minilm_engine.course.teaching.exercises_spec: the checkers pass the engine's rule and
 catch the tempting wrong ones, with a message that says what is wrong."""
 
 from __future__ import annotations
 
 import torch
 
-from minilm_engine.teaching.exercises_spec import (
+from minilm_engine.course.teaching.exercises_spec import (
     acceptance_rule_exercise,
     reference_accept_or_resample,
     tokens_per_round_exercise,

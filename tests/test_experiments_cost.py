@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.experiments.cost: the ledger's arithmetic, throughput, receipts."""
+"""Tests for minilm_engine.course.experiments.cost: the ledger's arithmetic, throughput, receipts."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minilm_engine import LLM
-from minilm_engine.data.noodle_corpus import make_receipt
-from minilm_engine.experiments import cost
-from minilm_engine.experiments.cost import (
+from minilm_engine.course.noodle_corpus import make_receipt
+from minilm_engine.course.experiments import cost
+from minilm_engine.course.experiments.cost import (
     audit_receipt,
     cost_per_million_tokens,
     cost_table,

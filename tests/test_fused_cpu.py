@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.models.fused_cpu: the fused CPU path against the readable decoder.
+"""Tests for minilm_engine.model.fused_cpu: the fused CPU path against the readable decoder.
 
 The fused path changes how the matmuls run, not the math, so greedy decoding must give the
 same tokens as the readable model on every tiny checkpoint (each family: q/k/v biases, q/k
@@ -13,11 +13,11 @@ import warnings
 import pytest
 import torch
 
-from minilm_engine.device import native_bf16_matmul
+from minilm_engine.model.device import native_bf16_matmul
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.attention.reference import NoKVCache
-from minilm_engine.models.decoder import MLP, Attention
-from minilm_engine.models.fused_cpu import FusedAttention, FusedMLP, MatVecHead, apply_model_backend
+from minilm_engine.model.attention.reference import NoKVCache
+from minilm_engine.model.decoder import MLP, Attention
+from minilm_engine.model.fused_cpu import FusedAttention, FusedMLP, MatVecHead, apply_model_backend
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -104,8 +104,8 @@ def test_the_default_backend_comes_from_the_environment(checkpoints, monkeypatch
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_headwise_norm_is_each_heads_own_norm_bit_for_bit(dtype):
-    from minilm_engine.models.decoder import RMSNorm
-    from minilm_engine.models.fused_cpu import HeadwiseRMSNorm
+    from minilm_engine.model.decoder import RMSNorm
+    from minilm_engine.model.fused_cpu import HeadwiseRMSNorm
 
     q_norm, k_norm = RMSNorm(8, 1e-6), RMSNorm(8, 1e-6)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.llm and the serving strategies: greedy output equals `transformers`.
+"""Tests for minilm_engine.entrypoints.llm and the serving strategies: greedy output equals `transformers`.
 
 Greedy decoding has one right answer, so every strategy must reproduce, token for token, what
 `transformers.generate(do_sample=False)` produces from the same checkpoint.  The rest checks
@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.strategies import STRATEGIES
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.course.baselines import STRATEGIES
 
 STRATEGY_NAMES = sorted(STRATEGIES)
 NUM_NEW_TOKENS = 20
@@ -45,7 +46,7 @@ def hf_greedy(checkpoints):
 
 
 def make_llm(path, strategy: str = "kv_cache", **kwargs) -> LLM:
-    return LLM(path, strategy=strategy, **kwargs)
+    return BaselineLLM(path, strategy=strategy, **kwargs)
 
 
 def generate(llm: LLM, prompts, params=GREEDY):
@@ -273,14 +274,14 @@ def test_repr_names_the_model_as_the_caller_did():
     # a shipped model by its name, not the folder it resolves to on this machine (notebook
     # outputs are committed and read on other machines)
     llm = LLM("noodle-apprentice", record_trace=False)
-    assert repr(llm).startswith("LLM(model='noodle-apprentice', strategy='continuous', device=cpu")
+    assert repr(llm).startswith("BaselineLLM(model='noodle-apprentice', strategy='continuous', device=cpu")
     assert llm.model_path.is_dir() and llm.model_path.name == "noodle-apprentice"
 
 
 def test_bad_llm_arguments(checkpoints):
     path = checkpoints["llama"].path
     with pytest.raises(ValueError, match=r"strategy must be one of .*'kv_cache'.*got 'paged'"):
-        LLM(path, strategy="paged")
+        BaselineLLM(path, strategy="paged")
     with pytest.raises(ValueError, match="max_model_len"):
         LLM(path, max_model_len=10_000)
     with pytest.raises(ValueError, match="max_num_seqs"):

@@ -1,11 +1,15 @@
 """The package's import graph, read from the source with `ast` (nothing is imported).
 
-Contract checked: the engine core (engine/, kv_cache/, attention/, models/, spec_decode/,
-quantization/, and the top-level modules they use: request, sampler, ...) reaches none of
-teaching/, experiments/, viz/, ledger/; and no two folders of the package import each other,
-directly or through others, anywhere in a file (inside functions and `TYPE_CHECKING` blocks
-too), so each folder can be read, and tested, below the ones that use it.  The folder layering
-in ARCHITECTURE.md is this graph, rendered by `folder_layering()`:
+Contract checked, over every module of the package (top-level modules and `__init__`s too, and
+imports inside functions and `TYPE_CHECKING` blocks):
+
+- the engine never imports the course: no module outside `course/` imports `minilm_engine.course`;
+- no two parts import each other, directly or through others, where a part is a top-level folder
+  (`core/`, `worker/`, `model/`, `entrypoints/`, `distributed/`, `bench/`, `course/`) or a
+  top-level module (`pluggable`); the package's `__init__` (the public names) sits above all;
+- the engine's layers point one way: `entrypoints/` -> `worker/` -> `core/` -> `model/`.
+
+The layering in ARCHITECTURE.md is this graph, rendered by `layering()`:
 
     python tests/test_import_graph.py     # prints the block ARCHITECTURE.md must hold
 """
@@ -16,9 +20,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minilm_engine"
-CORE = ("engine", "kv_cache", "attention", "models", "spec_decode", "quantization")
-CORE_MODULES = ("request", "sampler", "sampling_params", "outputs", "inputs", "detokenizer", "device")
-NOT_CORE = ("teaching", "experiments", "viz", "ledger")
+ENGINE_ORDER = ("entrypoints", "worker", "core", "model")  # each may import only those after it
 
 
 def module_name(path: Path) -> str:
@@ -26,7 +28,11 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_modules(path: Path) -> set[str]:
+def all_modules() -> set[str]:
+    return {module_name(p) for p in PACKAGE.rglob("*.py")}
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
     """Every minilm_engine module `path` imports, anywhere in the file (functions included)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -43,57 +49,52 @@ def imported_modules(path: Path) -> set[str]:
             found.add(target)
             # `from . import x` / `from .pkg import mod` may name submodules
             found |= {f"{target}.{alias.name}" for alias in node.names}
-    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
     return {m for m in found if m in modules and m != name}
 
 
 def import_graph() -> dict[str, set[str]]:
-    return {module_name(p): imported_modules(p) for p in PACKAGE.rglob("*.py")}
+    modules = all_modules()
+    return {module_name(p): imported_modules(p, modules) for p in PACKAGE.rglob("*.py")}
 
 
-def folder(module: str) -> str | None:
+def part(module: str) -> str:
+    """The top-level folder or module a module belongs to ("minilm_engine" for the root)."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else None
+    return parts[1] if len(parts) > 1 else parts[0]
 
 
 def test_the_graph_is_read():
     graph = import_graph()
     # A few edges we know are there: the reader must see them, or the tests below prove nothing.
-    assert "minilm_engine.attention.paged" in graph["minilm_engine.attention.backends"]
-    assert "minilm_engine.kv_cache.block_manager" in graph["minilm_engine.engine.scheduler"]
-    assert "minilm_engine.attention.triton_paged_decode" in graph["minilm_engine.experiments.kernel_stats"]
+    assert "minilm_engine.model.attention.paged" in graph["minilm_engine.model.attention.backends"]
+    assert "minilm_engine.core.kv_cache_manager" in graph["minilm_engine.core.scheduler"]
+    assert "minilm_engine.entrypoints.llm" in graph["minilm_engine"]  # top-level modules count
+    assert "minilm_engine.pluggable" in graph["minilm_engine.core.block_pool"]
 
 
-def is_core(module: str) -> bool:
-    return folder(module) in CORE or module.split(".")[-1] in CORE_MODULES and folder(module) is None
-
-
-def test_engine_core_reaches_no_teaching_code():
+def test_nothing_outside_the_course_imports_it():
     graph = import_graph()
-    assert sum(map(is_core, graph)) > 40  # every core folder and module is walked from
-    for start in (m for m in graph if is_core(m)):
-        seen, todo = {start}, [start]
-        while todo:
-            for nxt in graph[todo.pop()]:
-                if nxt not in seen:
-                    assert folder(nxt) not in NOT_CORE, f"{start} reaches {nxt}"
-                    seen.add(nxt)
-                    todo.append(nxt)
+    assert sum(part(m) == "course" for m in graph) > 40  # the course is walked too
+    for module, targets in graph.items():
+        if part(module) == "course":
+            continue
+        reached = sorted(t for t in targets if part(t) == "course")
+        assert not reached, f"{module} imports the course: {reached}"
 
 
-def folder_edges() -> dict[str, set[str]]:
-    """folder -> the other folders its modules import (top-level modules left out)."""
+def part_edges() -> dict[str, set[str]]:
+    """part -> the other parts its modules import (the root's re-exports left out)."""
     edges: dict[str, set[str]] = {}
     for m, targets in import_graph().items():
-        if folder(m) is None:
+        if m == "minilm_engine":
             continue
-        edges.setdefault(folder(m), set())
-        edges[folder(m)] |= {folder(n) for n in targets if folder(n) not in (None, folder(m))}
+        edges.setdefault(part(m), set())
+        edges[part(m)] |= {part(n) for n in targets if part(n) not in (part(m), "minilm_engine")}
     return edges
 
 
-def folder_cycle(edges: dict[str, set[str]]) -> list[str] | None:
-    """A circle of folders importing each other, or None (depth-first search)."""
+def cycle_in(edges: dict[str, set[str]]) -> list[str] | None:
+    """A circle of parts importing each other, or None (depth-first search)."""
     state: dict[str, str] = {}
     path: list[str] = []
 
@@ -115,37 +116,53 @@ def folder_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def folder_layering(edges: dict[str, set[str]]) -> str:
-    """Folders from the top (imported by none) down, each with the folders it imports."""
+def test_no_two_parts_import_each_other():
+    edges = part_edges()
+    assert set(ENGINE_ORDER) | {"course", "bench", "distributed", "pluggable"} <= set(edges)
+    cycle = cycle_in(edges)
+    assert cycle is None, "parts in an import circle: " + " -> ".join(cycle)
+    # the checker sees a circle when there is one
+    assert cycle_in({**edges, "model": edges["model"] | {"entrypoints"}}) is not None
+
+
+def test_the_engine_reads_in_the_order_a_step_runs():
+    edges = part_edges()
+    for i, upper in enumerate(ENGINE_ORDER):
+        for lower in ENGINE_ORDER[:i]:
+            assert lower not in edges[upper], f"{upper}/ imports {lower}/, which runs above it"
+
+
+def test_the_root_has_at_most_three_modules():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 3, top
+
+
+def layering(edges: dict[str, set[str]]) -> str:
+    """Parts from the top (imported by none) down, each with the parts it imports."""
     depth: dict[str, int] = {}
 
-    def height(node: str) -> int:  # 0: imports no other folder
+    def height(node: str) -> int:  # 0: imports no other part
         if node not in depth:
             depth[node] = 1 + max((height(n) for n in edges.get(node, ())), default=-1)
         return depth[node]
 
+    def label(p: str) -> str:
+        return p + ("/" if (PACKAGE / p).is_dir() else ".py")
+
     rows = sorted(edges, key=lambda f: (-height(f), f))
-    width = max(len(f) for f in rows) + 1
-    lines = [f"{f + '/':<{width}} ──> " + (", ".join(f"{n}/" for n in sorted(edges[f], key=lambda n: (-height(n), n))) or "(none)")
-             for f in rows]
-    return "\n".join(lines)
+    width = max(len(label(f)) for f in rows) + 1
+    return "\n".join(
+        f"{label(f):<{width}} ──> "
+        + (", ".join(label(n) for n in sorted(edges[f], key=lambda n: (-height(n), n))) or "(none)")
+        for f in rows
+    )
 
 
-def test_no_two_folders_import_each_other():
-    edges = folder_edges()
-    assert {"engine", "spec_decode", "quantization", "entrypoints", "bench"} <= set(edges)
-    assert "attention" in edges["kv_cache"]  # the cache hands its tensors to attention
-    cycle = folder_cycle(edges)
-    assert cycle is None, "folders in an import circle: " + " -> ".join(cycle)
-    # the checker sees a circle when there is one
-    assert folder_cycle({**edges, "attention": edges["attention"] | {"engine"}}) is not None
-
-
-def test_architecture_shows_the_folder_layering_as_it_is():
+def test_architecture_shows_the_layering_as_it_is():
     text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
-    block = text.split("<!-- folder-layering: python tests/test_import_graph.py -->\n```\n", 1)[1].split("```", 1)[0]
-    assert block.strip() == folder_layering(folder_edges()), "regenerate with: python tests/test_import_graph.py"
+    block = text.split("<!-- layering: python tests/test_import_graph.py -->\n```\n", 1)[1].split("```", 1)[0]
+    assert block.strip() == layering(part_edges()), "regenerate with: python tests/test_import_graph.py"
 
 
 if __name__ == "__main__":
-    print(folder_layering(folder_edges()))
+    print(layering(part_edges()))

@@ -8,8 +8,8 @@ import json
 import pandas as pd
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.teaching import judgment_diagnosis as jd
-from minilm_engine.teaching.exercises import FIXTURES_DIR
+from minilm_engine.course.teaching import judgment_diagnosis as jd
+from minilm_engine.course.teaching.exercises import FIXTURES_DIR
 
 STORED = json.loads((FIXTURES_DIR / "diagnosis_cases.json").read_text())
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import math
 
-from minilm_engine.teaching import judgment_fleet as jf
-from minilm_engine.teaching.exercises import FIXTURES_DIR
+from minilm_engine.course.teaching import judgment_fleet as jf
+from minilm_engine.course.teaching.exercises import FIXTURES_DIR
 
 STORED = json.loads((FIXTURES_DIR / "fleet_cases.json").read_text())
 

@@ -1,4 +1,4 @@
-"""Tests for teaching/judgment_sizing.py: the stored cases are the script's, a right answer
+"""Tests for course/teaching/judgment_sizing.py: the stored cases are the script's, a right answer
 passes, and each usual mistake fails with its own feedback."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from minilm_engine.experiments.batching import DecodeTiming
-from minilm_engine.teaching import judgment_sizing as sizing
+from minilm_engine.course.experiments.batching import DecodeTiming
+from minilm_engine.course.teaching import judgment_sizing as sizing
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from minilm_engine.teaching import judgment_tradeoff as jt
+from minilm_engine.course.teaching import judgment_tradeoff as jt
 
 MISTAKE_OF = {"mean": jt.MEAN_ITL, "ignored_ttft": jt.IGNORED_TTFT, "largest_meeting": jt.IGNORED_TTFT,
               "below": jt.BELOW_DECODE_BATCH, "missed": jt.MISSED_TARGET}
@@ -96,8 +96,8 @@ def test_check_pick_judges_the_learners_own_sweep() -> None:
 
 def test_budget_sweep_measures_the_rows_the_checker_reads() -> None:
     from minilm_engine import LLM
-    from minilm_engine.data import sample_prompts
-    from minilm_engine.experiments import prefill
+    from minilm_engine.course.noodle_corpus import sample_prompts
+    from minilm_engine.course.experiments import prefill
 
     ids = prefill.corpus_token_ids(LLM("noodle-chef").tokenizer, 120, seed=7)
     rows = prefill.budget_sweep("noodle-chef", [8, 256], sample_prompts(2, seed=1), ids,

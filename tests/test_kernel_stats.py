@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.experiments.kernel_stats: byte counts, the random batch, the timer.
+"""Tests for minilm_engine.course.experiments.kernel_stats: byte counts, the random batch, the timer.
 
 The byte counts are checked against the tensors themselves (what a kernel that reads each
 cached key and value once would load); the random batch against the torch reference (its
@@ -18,8 +18,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # conftest.py did it already, earlier
 
-from minilm_engine.attention.paged import paged_attention_reference  # noqa: E402
-from minilm_engine.experiments.kernel_stats import (  # noqa: E402
+from minilm_engine.model.attention.paged import paged_attention_reference  # noqa: E402
+from minilm_engine.course.experiments.kernel_stats import (  # noqa: E402
     decode_arithmetic_intensity,
     decode_kv_bytes,
     decode_traffic,
@@ -30,7 +30,7 @@ from minilm_engine.experiments.kernel_stats import (  # noqa: E402
     time_decode_kernel,
     with_contiguous_blocks,
 )
-from minilm_engine.models.known_configs import known_config  # noqa: E402
+from minilm_engine.model.known_configs import known_config  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -99,7 +99,7 @@ def test_contiguous_blocks_give_the_same_attention():
 
 # ------------------------------------------------------------ the kernel (Triton)
 triton = pytest.importorskip("triton")
-from minilm_engine.attention import triton_paged_prefill  # noqa: E402
+from minilm_engine.model.attention import triton_paged_prefill  # noqa: E402
 
 needs_kernels = pytest.mark.skipif(
     DEVICE.type == "cpu" and not triton_paged_prefill.is_interpreted(),
@@ -121,7 +121,7 @@ def test_time_and_bandwidth_of_the_decode_kernel():
 
 @needs_kernels
 def test_decode_kernel_on_the_random_batch_matches_the_reference():
-    from minilm_engine.attention.triton_paged_decode import paged_decode_attention
+    from minilm_engine.model.attention.triton_paged_decode import paged_decode_attention
 
     batch = random_paged_batch([1, 16, 17, 40], num_heads=6, num_kv_heads=2, head_dim=12, block_size=4,
                                device=DEVICE)

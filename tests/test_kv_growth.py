@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.experiments.kv_growth: token-pass counts, KV sizes, measured growth."""
+"""Tests for minilm_engine.course.experiments.kv_growth: token-pass counts, KV sizes, measured growth."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from minilm_engine import LLM
-from minilm_engine.experiments.kv_growth import (
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.course.experiments.kv_growth import (
     GiB,
     compare_strategies,
     kv_bytes_per_token,
@@ -23,10 +24,10 @@ from minilm_engine.experiments.kv_growth import (
     token_times_figure,
     weight_bytes,
 )
-from minilm_engine.kv_cache.contiguous import ContiguousKVCache
-from minilm_engine.models.known_configs import KNOWN_CONFIGS, known_config
-from minilm_engine.sampling_params import SamplingParams
-from minilm_engine.teaching.exercises_cost_kv import model_config, random_shapes
+from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache
+from minilm_engine.model.known_configs import KNOWN_CONFIGS, known_config
+from minilm_engine.core.sampling_params import SamplingParams
+from minilm_engine.course.teaching.exercises_cost_kv import model_config, random_shapes
 
 
 @pytest.mark.parametrize("num_prompt_tokens", [1, 7])
@@ -59,7 +60,7 @@ def test_max_cached_tokens() -> None:
 
 def test_recompute_and_cache_agree_and_are_timed(checkpoints, prompts) -> None:
     path = checkpoints["qwen3"].path
-    llms = {name: LLM(path, strategy=name) for name in ("no_cache", "kv_cache")}
+    llms = {name: BaselineLLM(path, strategy=name) for name in ("no_cache", "kv_cache")}
     runs = {name: measure_token_times(llm, prompts[0], 12, 2) for name, llm in llms.items()}
     assert runs["no_cache"].token_ids == runs["kv_cache"].token_ids
     for run in runs.values():
@@ -109,4 +110,4 @@ def test_measure_kv_growth_needs_an_idle_engine(checkpoints, prompts) -> None:
     with pytest.raises(RuntimeError, match="idle engine"):
         measure_kv_growth(llm, prompts[1], 4)
     with pytest.raises(AttributeError):
-        measure_kv_growth(LLM(checkpoints["llama"].path, strategy="kv_cache"), prompts[1], 4)
+        measure_kv_growth(BaselineLLM(checkpoints["llama"].path, strategy="kv_cache"), prompts[1], 4)

@@ -21,8 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minilm_engine import LLM, SamplingParams
+from minilm_engine.course.baselines import BaselineLLM
 from minilm_engine.distributed.kv_transfer import DisaggRouter, pack_kv, unpack_kv
-from minilm_engine.kv_cache.paged import PagedKVCache
+from minilm_engine.model.attention.kv_cache import PagedKVCache
 
 MAX_MODEL_LEN = 64
 BLOCK_SIZE = 4
@@ -193,7 +194,7 @@ def test_bad_pairs_and_bad_hand_overs_are_refused(checkpoints):
     with pytest.raises(ValueError, match="different models"):
         DisaggRouter(make_llm(llama), make_llm(qwen3))
     with pytest.raises(ValueError, match="strategy='continuous'"):
-        DisaggRouter(make_llm(llama), LLM(llama, strategy="kv_cache", max_model_len=MAX_MODEL_LEN))
+        DisaggRouter(make_llm(llama), BaselineLLM(llama, strategy="kv_cache", max_model_len=MAX_MODEL_LEN))
     with pytest.raises(ValueError, match="max_model_len"):
         DisaggRouter(make_llm(llama), LLM(llama, max_model_len=32, block_size=BLOCK_SIZE))
     with pytest.raises(ValueError, match="speculative"):
@@ -221,7 +222,7 @@ def test_bad_pairs_and_bad_hand_overs_are_refused(checkpoints):
 
 
 def test_pack_and_unpack_move_exactly_the_named_slots(checkpoints):
-    config = LLM(checkpoints["qwen3"].path, strategy="kv_cache").config
+    config = BaselineLLM(checkpoints["qwen3"].path, strategy="kv_cache").config
     src = PagedKVCache(config, num_blocks=6, block_size=4, dtype=torch.float32, device="cpu")
     dst = PagedKVCache(config, num_blocks=3, block_size=8, dtype=torch.float32, device="cpu")
     for tensor in src.k + src.v:

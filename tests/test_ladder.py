@@ -1,12 +1,12 @@
-"""Tests for minilm_engine.ledger.ladder: rungs as data, missing rungs reported, never invented."""
+"""Tests for minilm_engine.course.ledger.ladder: rungs as data, missing rungs reported, never invented."""
 
 from __future__ import annotations
 
 import pytest
 
-from minilm_engine.experiments.workloads import LengthMix
-from minilm_engine.ledger import Measurement, Prices, Provenance
-from minilm_engine.ledger.ladder import (
+from minilm_engine.course.experiments.workloads import LengthMix
+from minilm_engine.course.ledger import Measurement, Prices, Provenance
+from minilm_engine.course.ledger.ladder import (
     LADDER,
     Rung,
     RungResult,
@@ -119,7 +119,7 @@ def test_verdicts_compare_with_both_baselines() -> None:
 def test_computed_tokens_by_hand() -> None:
     from types import SimpleNamespace
 
-    from minilm_engine.ledger.ladder import computed_tokens
+    from minilm_engine.course.ledger.ladder import computed_tokens
 
     def out(p: int, o: int):
         return SimpleNamespace(prompt_token_ids=[0] * p, outputs=[SimpleNamespace(token_ids=[0] * o)])

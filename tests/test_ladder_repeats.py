@@ -1,13 +1,13 @@
-"""Tests for minilm_engine.ledger.ladder_repeats: every rung repeated, rotated, fresh each run."""
+"""Tests for minilm_engine.course.ledger.ladder_repeats: every rung repeated, rotated, fresh each run."""
 
 from __future__ import annotations
 
 import pytest
 
-from minilm_engine.experiments.workloads import LengthMix
-from minilm_engine.ledger import Prices
-from minilm_engine.ledger import ladder_repeats
-from minilm_engine.ledger.ladder import LADDER, Rung, ladder_workload
+from minilm_engine.course.experiments.workloads import LengthMix
+from minilm_engine.course.ledger import Prices
+from minilm_engine.course.ledger import ladder_repeats
+from minilm_engine.course.ledger.ladder import LADDER, Rung, ladder_workload
 
 SHORT = LengthMix(short=(2, 4), long=(6, 8), long_fraction=0.3)
 

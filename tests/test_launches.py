@@ -1,14 +1,14 @@
-"""Tests for minilm_engine.experiments.launches: op counts and bucket padding."""
+"""Tests for minilm_engine.course.experiments.launches: op counts and bucket padding."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from minilm_engine.engine.cuda_graphs import DecodeGraphRunner
-from minilm_engine.experiments.launches import count_ops, graph_speedup, padding_per_bucket
-from minilm_engine.kv_cache.paged import PagedKVCache
-from minilm_engine.models.loader import load_model
+from minilm_engine.worker.cuda_graphs import DecodeGraphRunner
+from minilm_engine.course.experiments.launches import count_ops, graph_speedup, padding_per_bucket
+from minilm_engine.model.attention.kv_cache import PagedKVCache
+from minilm_engine.model.loader import load_model
 
 
 def test_count_ops_counts_operations_not_views():

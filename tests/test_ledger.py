@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.ledger: the arithmetic against hand computations, the readers, provenance."""
+"""Tests for minilm_engine.course.ledger: the arithmetic against hand computations, the readers, provenance."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.experiments.cost import cost_per_million_tokens
-from minilm_engine.ledger import (
+from minilm_engine.course.experiments.cost import cost_per_million_tokens
+from minilm_engine.course.ledger import (
     SLO,
     Ledger,
     Measurement,
@@ -274,8 +274,10 @@ def test_from_outputs_of_the_engine(checkpoints, prompts) -> None:
 
 
 def test_break_even_exercise_by_hand_and_its_checker() -> None:
-    from minilm_engine.teaching.exercises_ledger import BREAK_EVEN
-    from minilm_engine.teaching.exercises_ledger import engine_break_even_output_price as break_even_output_price
+    from minilm_engine.course.teaching.exercises_ledger import BREAK_EVEN
+    from minilm_engine.course.teaching.exercises_ledger import (
+        engine_break_even_output_price as break_even_output_price,
+    )
 
     # $3.60/h at 50% utilization = $7.20 per serving hour; inputs earn 3.6 M * $0.10 = $0.36;
     # ($7.20 - $0.36) / 3.6 M output tokens = $1.90 per million.
@@ -294,8 +296,8 @@ def test_break_even_exercise_by_hand_and_its_checker() -> None:
 
 
 def test_gpus_for_load_exercise_and_its_checker() -> None:
-    from minilm_engine.teaching.exercises_ledger import GPUS_FOR_LOAD
-    from minilm_engine.teaching.exercises_ledger import engine_gpus_for_load as gpus_for_load
+    from minilm_engine.course.teaching.exercises_ledger import GPUS_FOR_LOAD
+    from minilm_engine.course.teaching.exercises_ledger import engine_gpus_for_load as gpus_for_load
 
     sweep = [{"tokens_per_s": 300, "p99_ttft_s": 0.05}, {"tokens_per_s": 900, "p99_ttft_s": 0.4},
              {"tokens_per_s": 1200, "p99_ttft_s": 3.0}]

@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.models.loader: a good checkpoint loads, a bad one says what is wrong.
+"""Tests for minilm_engine.model.loader: a good checkpoint loads, a bad one says what is wrong.
 
 Each broken checkpoint is a copy of a good one (written by `transformers`) with one thing
 damaged, and each test checks that the error names that thing: the model type, the file, the
@@ -16,13 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minilm_engine import LLM
-from minilm_engine.models import (
-    CheckpointError,
-    UnsupportedModelError,
-    load_model,
-    resolve_model_path,
-)
-from minilm_engine.models.loader import read_config
+from minilm_engine.model import CheckpointError, UnsupportedModelError, load_model, resolve_model_path
+from minilm_engine.model.loader import read_config
 
 
 @pytest.fixture

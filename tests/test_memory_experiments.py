@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.experiments.memory (chapter 03) and the paging exercises.
+"""Tests for minilm_engine.course.experiments.memory (chapter 03) and the paging exercises.
 
 The waste arithmetic is checked exactly on hand-made outputs; the engine-driven functions run
 the shipped noodle-apprentice (0.6M parameters) on a few short requests.
@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.data import SYSTEM_PROMPT, sample_prompts
-from minilm_engine.experiments import memory
-from minilm_engine.kv_cache.block_pool import hash_block_tokens
-from minilm_engine.kv_cache.block_table import slot_mapping
-from minilm_engine.outputs import CompletionOutput, RequestOutput
-from minilm_engine.teaching.exercises_paging import (
+from minilm_engine.course.noodle_corpus import SYSTEM_PROMPT, sample_prompts
+from minilm_engine.course.experiments import memory
+from minilm_engine.core.block_pool import hash_block_tokens
+from minilm_engine.core.kv_cache_utils import slot_mapping
+from minilm_engine.core.outputs import CompletionOutput, RequestOutput
+from minilm_engine.course.teaching.exercises_paging import (
     chain_hashes,
     engine_cached_prefix_blocks,
     engine_prefill_chunks,

@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.models: our decoder against `transformers`, logit for logit.
+"""Tests for minilm_engine.model: our decoder against `transformers`, logit for logit.
 
 Every checkpoint of conftest (Llama, Llama 3 rope, Mistral, Qwen2, Qwen3; MHA, GQA, MQA; tied
 and untied; head_dim != hidden/heads) is loaded by `load_model` and run with no cache, then
@@ -15,8 +15,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minilm_engine.kv_cache.contiguous import ContiguousKVCache, NoKVCache
-from minilm_engine.models import CausalLM, ModelConfig, load_model
+from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache, NoKVCache
+from minilm_engine.model import CausalLM, ModelConfig, load_model
 
 from conftest import build_hf_model, hf_config
 

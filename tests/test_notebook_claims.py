@@ -90,7 +90,7 @@ def test_chapter_09_tables_exactly_the_records() -> None:
 
 
 def test_printed_verdicts_reads_the_verdict_block() -> None:
-    from minilm_engine.teaching.claims import Measurement, judge, record
+    from minilm_engine.course.teaching.claims import Measurement, judge, record
 
     verdict = judge("a thing is fast", Measurement.from_samples([1.2, 1.3, 1.25, 1.4, 1.1], unit="x"), low=1.0,
                     source="seed article")

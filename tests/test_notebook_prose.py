@@ -1,6 +1,6 @@
 """No committed chapter states, in its markdown, a figure that this machine measured but that no
 output of the notebook prints.  A sentence whose number depends on the run belongs in code
-that prints it (the claims helper: teaching/claims.py), or the figure must go.
+that prints it (the claims helper: course/teaching/claims.py), or the figure must go.
 
 What counts as a figure: a number with a unit that a run measures or a spec sheet quotes:
 ms, µs, tok/s (tokens/s, tokens per second), x / × / "times" (2.5x, x1.68, ×3, 3 to 5 times),

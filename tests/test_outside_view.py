@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from minilm_engine.experiments import outside_view
-from minilm_engine.experiments.outside_view import ServerProcess, stable_prefix_first, ttft_by_prompt_length
-from minilm_engine.models.loader import resolve_model_path
+from minilm_engine.course.experiments import outside_view
+from minilm_engine.course.experiments.outside_view import (
+    ServerProcess,
+    stable_prefix_first,
+    ttft_by_prompt_length,
+)
+from minilm_engine.model.loader import resolve_model_path
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.attention.paged: paged attention equals dense causal attention.
+"""Tests for minilm_engine.model.attention.paged: paged attention equals dense causal attention.
 
 The paged reference must give exactly what plain attention gives on contiguous tensors, whatever
 the blocks look like.  Each random case draws:
@@ -24,10 +24,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minilm_engine.attention import attention, paged
-from minilm_engine.attention.backends import TORCH_BACKEND, TorchBackend
-from minilm_engine.attention.context import PagedAttention
-from minilm_engine.attention.paged import (
+from minilm_engine.model.attention import attention, paged
+from minilm_engine.model.attention.backends import TORCH_BACKEND, TorchBackend
+from minilm_engine.model.attention.context import PagedAttention
+from minilm_engine.model.attention.paged import (
     PagedAttentionMetadata,
     paged_attention_reference,
     write_kv_reference,

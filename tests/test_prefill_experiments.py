@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.experiments.prefill (chapter 04): the cost model exactly, the fit on
+"""Tests for minilm_engine.course.experiments.prefill (chapter 04): the cost model exactly, the fit on
 synthetic data, and the engine-driven measurements on the shipped noodle-apprentice."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from minilm_engine import LLM
-from minilm_engine.data import sample_prompts
-from minilm_engine.experiments import prefill
-from minilm_engine.models.config import ModelConfig
-from minilm_engine.teaching.exercises_paging import engine_prefill_chunks
+from minilm_engine.course.noodle_corpus import sample_prompts
+from minilm_engine.course.experiments import prefill
+from minilm_engine.model.config import ModelConfig
+from minilm_engine.course.teaching.exercises_paging import engine_prefill_chunks
 
 MODEL = "noodle-apprentice"
 CHEF_LIKE = ModelConfig(

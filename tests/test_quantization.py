@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.quantization: formats, the module swap, kernels, checkpoints, errors.
+"""Tests for minilm_engine.model.quantization: formats, the module swap, kernels, checkpoints, errors.
 
 The schemes are checked against bounds that follow from their definition (an element is off by
 at most half a step); every fast kernel against the readable reference, layer by layer and by
@@ -19,12 +19,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.cli import main as cli_main
-from minilm_engine.quantization import QuantizationConfig, QuantizationError, QuantizedLinear, schemes
-from minilm_engine.quantization.calibration import output_error, search_scales
-from minilm_engine.quantize import quantize_checkpoint
-from minilm_engine.quantization.kernels import select_kernel
-from minilm_engine.strategies import STRATEGIES
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.entrypoints.cli.main import main as cli_main
+from minilm_engine.model.quantization import QuantizationConfig, QuantizationError, QuantizedLinear, schemes
+from minilm_engine.model.quantization.calibration import output_error, search_scales
+from minilm_engine.entrypoints.cli.quantize import quantize_checkpoint
+from minilm_engine.model.quantization.kernels import select_kernel
+from minilm_engine.course.baselines import STRATEGIES
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 INT8 = QuantizationConfig("int8", group_size=None)
@@ -36,7 +37,7 @@ def cpu_kernel(request):
     """A factory of CPU kernels, once with torch's operators for a few rows and once with the
     compiled micro-kernel (cpu_microkernel.cpp; the `cpu_microkernel` fixture skips, or fails
     in CI, where it cannot be built)."""
-    from minilm_engine.quantization.kernels import cpu
+    from minilm_engine.model.quantization.kernels import cpu
 
     if request.param == "microkernel":
         request.getfixturevalue("cpu_microkernel")
@@ -138,7 +139,7 @@ def test_cpu_kernel_in_bfloat16(config, cpu_kernel):
     kernel = cpu_kernel()
     kernel.prepare(fast)
     fast.kernel = kernel
-    from minilm_engine.quantization.kernels.cpu import CPU_OP_MAX_ROWS
+    from minilm_engine.model.quantization.kernels.cpu import CPU_OP_MAX_ROWS
 
     for M in (1, 5, CPU_OP_MAX_ROWS[config.scheme] + 1):  # the operators, then the scratch path
         x = torch.randn(M, 320).bfloat16()
@@ -152,7 +153,7 @@ def test_cpu_kernel_equals_the_reference_around_its_threshold(config, native_bf1
     """bf16, at row counts on both sides of the switch from the operators (or the micro-kernel)
     to dequantize+matmul, as on a CPU with and without native bf16 matmul: each path ran where
     the threshold says, and each equals the dequantize-then-matmul reference."""
-    from minilm_engine.quantization.kernels import cpu
+    from minilm_engine.model.quantization.kernels import cpu
 
     monkeypatch.setattr(cpu, "native_bf16_matmul", lambda: native_bf16)
     torch.manual_seed(0)
@@ -197,7 +198,7 @@ def test_awq_search_never_loses_to_round_to_nearest():
     X = torch.randn(200, 64) * torch.linspace(0.1, 10, 64)  # some channels much larger
     act_mean = X.abs().mean(0)
     s, alpha = search_scales(W, X, act_mean, INT4_G32)
-    from minilm_engine.quantization.linear import fake_quantize
+    from minilm_engine.model.quantization.linear import fake_quantize
 
     awq = output_error(X, W, fake_quantize(W * s, INT4_G32) / s)
     rtn = output_error(X, W, fake_quantize(W, INT4_G32))
@@ -209,8 +210,12 @@ def test_cpu_int4_layout_is_learned_from_the_operator(N, K):
     """Whatever packing torch uses on this CPU, one of the known ones reproduces it (AVX2,
     AVX-512 and the non-vectorized build differ), and reading it back gives the codes: no ISA
     is assumed."""
-    from minilm_engine.quantization.kernels.cpu import (
-        KNOWN_INT4_LAYOUTS, from_cpu_int4_layout, learn_int4_layout, to_cpu_int4_layout)
+    from minilm_engine.model.quantization.kernels.cpu import (
+        KNOWN_INT4_LAYOUTS,
+        from_cpu_int4_layout,
+        learn_int4_layout,
+        to_cpu_int4_layout,
+    )
 
     codes = torch.randint(0, 16, (N, K), dtype=torch.int32)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
@@ -226,8 +231,11 @@ def test_cpu_int4_layout_is_learned_from_the_operator(N, K):
 def test_every_known_int4_layout_reads_back_its_codes(layout_index):
     """The pure packing functions, for every known layout whatever this CPU packs: W.T read
     back from the packed bytes is the codes transposed, in any output dtype."""
-    from minilm_engine.quantization.kernels.cpu import (
-        KNOWN_INT4_LAYOUTS, to_cpu_int4_layout, unpack_cpu_int4_transposed)
+    from minilm_engine.model.quantization.kernels.cpu import (
+        KNOWN_INT4_LAYOUTS,
+        to_cpu_int4_layout,
+        unpack_cpu_int4_transposed,
+    )
 
     layout = KNOWN_INT4_LAYOUTS[layout_index]
     codes = torch.randint(0, 16, (128, 96), dtype=torch.int32)
@@ -260,7 +268,7 @@ def test_cpu_kernel_keeps_one_copy_of_the_weight(config, cpu_kernel):
 def test_cpu_kernel_many_rows_in_tiles_equal_the_reference(config, monkeypatch, cpu_kernel):
     """The many-row path dequantizes into one reused scratch; a layer too big for it goes in
     row tiles.  A scratch of 64 x 320 weights makes this 200-row layer take 4 tiles."""
-    from minilm_engine.quantization.kernels import cpu
+    from minilm_engine.model.quantization.kernels import cpu
 
     monkeypatch.setattr(cpu, "SCRATCH_MAX_ELEMENTS", 64 * 320)
     torch.manual_seed(0)
@@ -280,7 +288,7 @@ def test_cpu_kernel_many_rows_in_tiles_equal_the_reference(config, monkeypatch, 
 def test_cpu_kernel_on_an_unknown_int4_packing_still_equals_the_reference(monkeypatch, cpu_kernel):
     """A CPU whose packing is none of the known tilings: a warning, still one copy, and the
     many-row path reads the weight through the operator itself."""
-    from minilm_engine.quantization.kernels import cpu
+    from minilm_engine.model.quantization.kernels import cpu
 
     monkeypatch.setattr(cpu, "KNOWN_INT4_LAYOUTS", ())
     torch.manual_seed(0)
@@ -307,7 +315,7 @@ def test_kernel_selection():
 def test_every_architecture_generates_quantized_fast_equals_reference(checkpoint, prompts, scheme, options):
     # kv_cache: one request at a time, so decode steps have one row and take the operators
     reference = LLM(checkpoint.path, quantization=scheme, quantization_config={**options, "kernel": "reference"})
-    fast = LLM(checkpoint.path, quantization=scheme, quantization_config=options, strategy="kv_cache")
+    fast = BaselineLLM(checkpoint.path, quantization=scheme, quantization_config=options, strategy="kv_cache")
     layers = [m for m in fast.model.modules() if isinstance(m, QuantizedLinear)]
     assert len(layers) == 7 * fast.config.num_hidden_layers
     assert {m.kernel.name for m in layers} == {"cpu"}
@@ -315,7 +323,7 @@ def test_every_architecture_generates_quantized_fast_equals_reference(checkpoint
     assert texts(fast.generate(prompts, GREEDY, use_tqdm=False)) == expected
     assert all(len(t) > 0 for t in expected)
     # Hidden states of a whole forward agree tightly too.
-    from minilm_engine.kv_cache.contiguous import NoKVCache
+    from minilm_engine.course.baselines.contiguous_cache import NoKVCache
 
     ids = torch.tensor([reference.tokenizer.encode(prompts[2])])
     positions = torch.arange(ids.shape[1])[None]
@@ -343,8 +351,8 @@ def test_quantized_weights_are_smaller_and_outputs_stay_close(checkpoints, promp
 def test_every_serving_strategy_runs_a_quantized_model(checkpoints, prompts, strategy):
     path = checkpoints["qwen3"].path
     options = {"group_size": 32}
-    expected = texts(LLM(path, quantization="int4", quantization_config=options, strategy="no_cache").generate(prompts, GREEDY, use_tqdm=False))
-    llm = LLM(path, quantization="int4", quantization_config=options, strategy=strategy)
+    expected = texts(BaselineLLM(path, quantization="int4", quantization_config=options, strategy="no_cache").generate(prompts, GREEDY, use_tqdm=False))
+    llm = BaselineLLM(path, quantization="int4", quantization_config=options, strategy=strategy)
     assert texts(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
 
 
@@ -467,7 +475,7 @@ def test_quantized_lm_head_fast_equals_reference_and_reloads(checkpoints, prompt
     options = {**options, "lm_head": True}
     plain = LLM(source, quantization=scheme, quantization_config={k: v for k, v in options.items() if k != "lm_head"})
     reference = LLM(source, quantization=scheme, quantization_config={**options, "kernel": "reference"})
-    fast = LLM(source, quantization=scheme, quantization_config=options, strategy="kv_cache")
+    fast = BaselineLLM(source, quantization=scheme, quantization_config=options, strategy="kv_cache")
     head, embedding = fast.model.lm_head, fast.model.model.embed_tokens
     assert isinstance(head, QuantizedLinear) and head.kernel.name == "cpu"
     assert isinstance(plain.model.lm_head, nn.Linear)

@@ -1,4 +1,4 @@
-"""Tests for experiments/quantization.py: the receipt checker, the held-out windows, and the
+"""Tests for course/experiments/quantization.py: the receipt checker, the held-out windows, and the
 quality and QAT measurements at their smallest sizes (that they run and report sensibly)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from minilm_engine.data.noodle_corpus import make_receipt
-from minilm_engine.experiments.quantization import (
+from minilm_engine.course.noodle_corpus import make_receipt
+from minilm_engine.course.experiments.quantization import (
     Setting,
     decode_speed_table,
     qat_vs_ptq,
@@ -19,7 +19,7 @@ from minilm_engine.experiments.quantization import (
     receipt_prompts,
     windows_of,
 )
-from minilm_engine.quantization import QuantizationConfig
+from minilm_engine.model.quantization import QuantizationConfig
 
 
 def test_real_receipts_add_up_and_broken_ones_do_not():
@@ -69,7 +69,7 @@ def test_quality_table_runs_and_int4_costs_more_than_int8():
 
 
 def test_decode_speed_table_pairs_every_run_with_a_baseline_run(monkeypatch):
-    from minilm_engine.experiments import launches
+    from minilm_engine.course.experiments import launches
 
     # Each run's speed is its engine's weight bytes divided by a "machine load" that changes on
     # every run: a ratio of two unpaired medians would mix loads, the pairs' ratios do not.
@@ -95,7 +95,7 @@ def test_qat_vs_ptq_smallest():
 
 
 def test_int4_exercise_checker_passes_the_package_and_explains_wrong_answers():
-    from minilm_engine.teaching.exercises_quantization import int4_exercise, reference_int4
+    from minilm_engine.course.teaching.exercises_quantization import int4_exercise, reference_int4
 
     assert int4_exercise.check(reference_int4).passed
 

@@ -22,8 +22,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="Triton is not installed (it comes with the 'test' extra on Linux x86-64)")
 
 from minilm_engine import LLM, SamplingParams  # noqa: E402
-from minilm_engine.quantization import QuantizationConfig, QuantizedLinear  # noqa: E402
-from minilm_engine.quantization.kernels import make_kernel, triton_weight_only  # noqa: E402
+from minilm_engine.model.quantization import QuantizationConfig, QuantizedLinear  # noqa: E402
+from minilm_engine.model.quantization.kernels import make_kernel, triton_weight_only  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if DEVICE.type == "cpu" and not triton_weight_only.is_interpreted():

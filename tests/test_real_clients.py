@@ -33,9 +33,9 @@ import httpx
 import pytest
 import torch
 
-from minilm_engine.cli import main
+from minilm_engine.entrypoints.cli.main import main
 from minilm_engine.entrypoints.openai.api_server import free_port
-from minilm_engine.models.loader import CHECKPOINTS_DIR
+from minilm_engine.model.loader import CHECKPOINTS_DIR
 
 pytestmark = [pytest.mark.clients, pytest.mark.slow]
 

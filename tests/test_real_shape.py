@@ -1,4 +1,4 @@
-"""experiments/real_shape.py: a Qwen3-0.6B-shaped model with random weights, written once; its decode
+"""course/experiments/real_shape.py: a Qwen3-0.6B-shaped model with random weights, written once; its decode
 step against its weight-read floors; and kv_growth.token_time_rounds (chapter 02's alternating rounds).
 Behaviour only: shapes, pairing and counts, never a timing of this machine."""
 
@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.device import native_bf16_matmul
-from minilm_engine.experiments import real_shape
-from minilm_engine.experiments.kv_growth import token_time_rounds
-from minilm_engine.models.known_configs import KNOWN_CONFIGS
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.model.device import native_bf16_matmul
+from minilm_engine.course.experiments import real_shape
+from minilm_engine.course.experiments.kv_growth import token_time_rounds
+from minilm_engine.model.known_configs import KNOWN_CONFIGS
 
 
 def test_fields_are_qwen3_0_6b_with_the_layers_asked_for() -> None:
@@ -73,7 +74,7 @@ def test_step_vs_floor_pairs_each_round(checkpoints):
 
 def test_token_time_rounds_alternate_and_time_the_decode_step(checkpoints):
     path = checkpoints["llama"].path
-    llms = {name: LLM(path, strategy=name) for name in ("no_cache", "kv_cache")}
+    llms = {name: BaselineLLM(path, strategy=name) for name in ("no_cache", "kv_cache")}
     rounds = token_time_rounds(llms, "Hello there", num_tokens=6, num_rounds=3, num_decode_steps=2)
     assert set(rounds.runs) == {"no_cache", "kv_cache"}
     assert all(len(runs) == 3 for runs in rounds.runs.values()) and len(rounds.decode_step_s) == 3

@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.spec_decode.rejection_sampler: the output is the target's distribution.
+"""Tests for minilm_engine.worker.spec_decode.rejection_sampler: the output is the target's distribution.
 
 The statistical test runs many seeded verification rounds on a 5-token vocabulary with fixed
 target and draft distributions and compares, position by position, how often each token comes
@@ -14,9 +14,10 @@ import torch
 from scipy.stats import chisquare
 
 from minilm_engine import SamplingParams
-from minilm_engine.sampler import sampling_probs
-from minilm_engine.spec_decode import rejection_sampler
-from minilm_engine.spec_decode.rejection_sampler import DraftTokens, rejection_sample
+from minilm_engine.worker.sampler import sampling_probs
+from minilm_engine.worker.spec_decode import rejection_sampler
+from minilm_engine.worker.spec_decode.rejection_sampler import rejection_sample
+from minilm_engine.core.outputs import DraftTokens
 
 K = 3
 # Target and draft disagree on purpose: the draft likes the tokens the target dislikes.

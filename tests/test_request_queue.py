@@ -1,4 +1,4 @@
-"""Tests for scheduling_policy="priority" (engine/request_queue.py and the scheduler's merge).
+"""Tests for scheduling_policy="priority" (core/request_queue.py and the scheduler's merge).
 
 Unit tests pin each rule (admission by rank, the budget handed down the ranks, the batch request
 preempted first); a Hypothesis state machine (test_scheduler.py's, with random priorities)
@@ -25,9 +25,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.engine.config import EngineConfig
-from minilm_engine.engine.request_queue import RequestOrder
-from minilm_engine.kv_cache.block_manager import cdiv
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.core.config import EngineConfig
+from minilm_engine.core.request_queue import RequestOrder
+from minilm_engine.core.kv_cache_manager import cdiv
 from test_scheduler import PREFIXES, VOCAB, SchedulerMachine, make_request, make_scheduler, num_new, run_step
 
 BATCH = 100  # a batch-tier priority in these tests
@@ -246,4 +247,4 @@ def test_bad_priorities_are_clear_errors(llms):
     assert all(o.finished for o in out)
     assert not prio.engine.has_unfinished_requests() and prio.engine.block_pool.num_used_blocks == 0
     with pytest.raises(ValueError, match="runs in the continuous engine"):
-        LLM("noodle-chef", strategy="kv_cache", scheduling_policy="priority")
+        BaselineLLM("noodle-chef", strategy="kv_cache", scheduling_policy="priority")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.cli import main
+from minilm_engine.entrypoints.cli.main import main
 from minilm_engine.entrypoints.openai import ServerThread
 from minilm_engine.entrypoints.openai.run_batch import run_batch
 

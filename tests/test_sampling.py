@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.sampling_params and minilm_engine.sampler.
+"""Tests for minilm_engine.core.sampling_params and minilm_engine.worker.sampler.
 
 SamplingParams is a boundary: bad values must fail at construction with a message that says
 what is allowed.  The sampler is checked by properties (Hypothesis draws the logits): top-k
@@ -16,9 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minilm_engine import LLM, SamplingParams
-from minilm_engine.sampler import apply_top_k_top_p, sample
-from minilm_engine.strategies import STRATEGIES
+from minilm_engine import SamplingParams
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.worker.sampler import apply_top_k_top_p, sample
+from minilm_engine.course.baselines import STRATEGIES
 
 
 # ---------------------------------------------------------------------- SamplingParams
@@ -257,17 +258,17 @@ def token_ids(outputs) -> list[list[int]]:
 def test_same_seed_same_output(checkpoints, prompts):
     path = checkpoints["llama"].path
     params = SamplingParams(seed=1234, **SAMPLED)
-    llm = LLM(path, strategy="kv_cache")
+    llm = BaselineLLM(path, strategy="kv_cache")
     first = token_ids(llm.generate(prompts[:2], params, use_tqdm=False))
     again = token_ids(llm.generate(prompts[:2], params, use_tqdm=False))
-    fresh = token_ids(LLM(path, strategy="kv_cache").generate(prompts[:2], params, use_tqdm=False))
+    fresh = token_ids(BaselineLLM(path, strategy="kv_cache").generate(prompts[:2], params, use_tqdm=False))
     assert first == again == fresh
     # Both prompts share the seed but not the context, so they still differ.
     assert first[0] != first[1]
 
 
 def test_different_seeds_differ(checkpoints, prompts):
-    llm = LLM(checkpoints["llama"].path, strategy="kv_cache")
+    llm = BaselineLLM(checkpoints["llama"].path, strategy="kv_cache")
     outs = [
         token_ids(llm.generate(prompts[0], SamplingParams(seed=s, **SAMPLED), use_tqdm=False))[0]
         for s in range(4)
@@ -282,7 +283,7 @@ def test_llm_seed_makes_unseeded_requests_reproducible(checkpoints, prompts):
     path = checkpoints["qwen3"].path
     params = SamplingParams(**SAMPLED)  # no per-request seed
     run = lambda seed: token_ids(  # noqa: E731
-        LLM(path, strategy="kv_cache", seed=seed).generate(prompts[:3], params, use_tqdm=False)
+        BaselineLLM(path, strategy="kv_cache", seed=seed).generate(prompts[:3], params, use_tqdm=False)
     )
     assert run(0) == run(0)
     assert run(0) != run(1)
@@ -294,15 +295,15 @@ def test_sampled_output_does_not_depend_on_the_batch(checkpoints, prompts, strat
     # batch of 5 or of 2, it produces the same tokens (and the same as kv_cache alone).
     path = checkpoints["qwen2"].path
     params = [SamplingParams(seed=100 + i, top_k=50, top_p=0.95, **SAMPLED) for i in range(5)]
-    alone = LLM(path, strategy="kv_cache")
+    alone = BaselineLLM(path, strategy="kv_cache")
     expected = [
         token_ids(alone.generate(p, sp, use_tqdm=False))[0] for p, sp in zip(prompts, params)
     ]
     for max_num_seqs in (5, 2):
-        llm = LLM(path, strategy=strategy, max_num_seqs=max_num_seqs)
+        llm = BaselineLLM(path, strategy=strategy, max_num_seqs=max_num_seqs)
         assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == expected
     # The same request next to different neighbours.
-    llm = LLM(path, strategy=strategy)
+    llm = BaselineLLM(path, strategy=strategy)
     mixed = [params[3], SamplingParams(temperature=0, max_tokens=4), params[0]]
     got = token_ids(llm.generate([prompts[3], prompts[1], prompts[0]], mixed, use_tqdm=False))
     assert got[0] == expected[3] and got[2] == expected[0]
@@ -325,7 +326,7 @@ def test_batched_sample_is_the_one_at_a_time_draw(params, seed, ties):
     readable per-row reference (torch.multinomial with that row's generator) gives it, for any
     mix of greedy, temperature, min-p, top-k and top-p rows, and with the generators advanced
     the same way.  `ties`: logits rounded through bf16, as a bf16 model's are (many equal)."""
-    from minilm_engine.sampler import sample_one_at_a_time
+    from minilm_engine.worker.sampler import sample_one_at_a_time
 
     logits = torch.randn(len(params), 300, generator=torch.Generator().manual_seed(seed)) * 3
     if ties:
@@ -340,7 +341,7 @@ def test_batched_sample_is_the_one_at_a_time_draw(params, seed, ties):
 
 
 def test_batched_sampling_probs_are_the_per_row_ones():
-    from minilm_engine.sampler import batched_sampling_probs, sampling_probs
+    from minilm_engine.worker.sampler import batched_sampling_probs, sampling_probs
 
     torch.manual_seed(0)
     logits = (torch.randn(6, 1000) * 4).bfloat16().float()

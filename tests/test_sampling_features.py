@@ -29,9 +29,10 @@ from transformers import (
 )
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.chat_template import chat_format_for, render_chat
-from minilm_engine.sampler import apply_min_p, apply_penalties, process_logits
-from minilm_engine.request import Request
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.entrypoints.chat_template import chat_format_for, render_chat
+from minilm_engine.worker.sampler import apply_min_p, apply_penalties, process_logits
+from minilm_engine.core.request import Request
 
 PROMPT = "The Golden Bowl is open every day from eleven until late, and the miso ramen"
 NUM_TOKENS = 12
@@ -386,7 +387,7 @@ def test_mixed_processors_in_one_batch_equal_each_request_alone(checkpoints, str
     prompts = [PROMPT, "Order for table 7:", "Receipt\nMiso Ramen @ $", "A bowl of noodles, please."]
     params = MIXED if strategy == "continuous" else [
         p if p.prompt_logprobs is None else SamplingParams(temperature=0, max_tokens=8, logprobs=0) for p in MIXED]
-    llm = LLM(ckpt.path, strategy=strategy)
+    llm = BaselineLLM(ckpt.path, strategy=strategy)
     together = llm.generate(prompts, params, use_tqdm=False)
     alone_llm = LLM(ckpt.path)  # the continuous engine, one request at a time
     for prompt, p, got in zip(prompts, params, together):
@@ -404,6 +405,6 @@ def test_mixed_processors_in_one_batch_equal_each_request_alone(checkpoints, str
 
 
 def test_baseline_strategies_refuse_prompt_logprobs(checkpoints):
-    llm = LLM(checkpoints["llama"].path, strategy="kv_cache")
+    llm = BaselineLLM(checkpoints["llama"].path, strategy="kv_cache")
     with pytest.raises(ValueError, match="prompt_logprobs need the continuous engine"):
         llm.generate(PROMPT, SamplingParams(prompt_logprobs=1), use_tqdm=False)

@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.engine.scheduler: who runs in each step, with a real block manager.
+"""Tests for minilm_engine.core.scheduler: who runs in each step, with a real block manager.
 
 No model here: a "step" is `schedule()`, then `update_from_output()`, then a made-up token for
 every request whose known tokens are all computed (what the model runner would sample).  The
@@ -18,13 +18,13 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from minilm_engine.engine.config import EngineConfig
-from minilm_engine.engine.scheduler import Scheduler, SchedulerOutput
-from minilm_engine.kv_cache.block_manager import BlockManager, cdiv
-from minilm_engine.kv_cache.block_pool import BlockPool
-from minilm_engine.request import Request, RequestStatus
-from minilm_engine.sampling_params import SamplingParams
-from minilm_engine.spec_decode.rejection_sampler import DraftTokens
+from minilm_engine.core.config import EngineConfig
+from minilm_engine.core.scheduler import Scheduler, SchedulerOutput
+from minilm_engine.core.kv_cache_manager import BlockManager, cdiv
+from minilm_engine.core.block_pool import BlockPool
+from minilm_engine.core.request import Request, RequestStatus
+from minilm_engine.core.sampling_params import SamplingParams
+from minilm_engine.core.outputs import DraftTokens
 
 
 def make_scheduler(num_blocks: int, block_size: int = 4, **config) -> Scheduler:

@@ -12,10 +12,14 @@ import pytest
 
 from minilm_engine.bench.datasets import noodle_requests
 from minilm_engine.bench.serve import BenchConfig, run_benchmark
-from minilm_engine.engine.config import EngineConfig
-from minilm_engine.experiments import serving
-from minilm_engine.teaching.exercises_serving import engine_tail_and_goodput, make_case, tail_and_goodput_exercise
-from minilm_engine.viz.serving_view import ServingView, occupancy, request_spans
+from minilm_engine.core.config import EngineConfig
+from minilm_engine.course.experiments import serving
+from minilm_engine.course.teaching.exercises_serving import (
+    engine_tail_and_goodput,
+    make_case,
+    tail_and_goodput_exercise,
+)
+from minilm_engine.course.viz.serving_view import ServingView, occupancy, request_spans
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +138,7 @@ def test_serving_view_draws_what_the_server_did(server):
 
 
 def test_occupancy_by_hand():
-    from minilm_engine.viz.serving_view import RequestSpan
+    from minilm_engine.course.viz.serving_view import RequestSpan
 
     spans = [RequestSpan("a", 0.0, 0.0, 0.1, 1.0, False), RequestSpan("b", 0.2, 0.5, 0.6, 0.9, False),
              RequestSpan("c", 0.3, None, None, 0.4, True)]  # aborted while queued

@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.spec_decode: the config, the metrics and formula, the draft proposer.
+"""Tests for minilm_engine.worker.spec_decode: the config, the metrics and formula, the draft proposer.
 
 The proposer is checked against plain greedy decoding: with the target itself as its own draft,
 its proposals are exactly the target's next tokens, round after round, with rollbacks between
@@ -11,10 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minilm_engine import LLM, SamplingParams
-from minilm_engine.models import load_model
-from minilm_engine.spec_decode import SpecDecodingStats, SpeculativeConfig, expected_tokens_per_round
-from minilm_engine.spec_decode.proposer import DraftModelProposer, num_drafts_wanted
+from minilm_engine import SamplingParams
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.model import load_model
+from minilm_engine.worker.spec_decode import SpecDecodingStats, SpeculativeConfig, expected_tokens_per_round
+from minilm_engine.worker.spec_decode.proposer import DraftModelProposer, num_drafts_wanted
 
 
 # ---------------------------------------------------------------------- config
@@ -83,7 +84,7 @@ def test_stats_count_rounds_tokens_and_positions():
 # ---------------------------------------------------------------------- proposer
 @pytest.fixture(scope="module")
 def target(checkpoints):
-    return LLM(checkpoints["qwen3"].path, strategy="kv_cache", max_model_len=64)
+    return BaselineLLM(checkpoints["qwen3"].path, strategy="kv_cache", max_model_len=64)
 
 
 def greedy_tokens(llm, prompt_ids, n):
@@ -150,7 +151,7 @@ def test_ngram_config_needs_no_model():
 
 
 def test_find_ngram_continuation_takes_the_latest_longest_match():
-    from minilm_engine.spec_decode.ngram_proposer import find_ngram_continuation
+    from minilm_engine.worker.spec_decode.ngram_proposer import find_ngram_continuation
 
     tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
     # Suffix [2, 3] occurs at 1 and 5; the latest (5) is followed by 7, 8, 5.

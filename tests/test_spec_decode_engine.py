@@ -23,7 +23,8 @@ from scipy.stats import chisquare
 from test_engine import BLOCK_SIZE, MAX_MODEL_LEN, alone, drive, num_cached_tokens, num_preempted, random_workload  # noqa: F401
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.sampler import sampling_probs
+from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.worker.sampler import sampling_probs
 
 from conftest import CHECKPOINT_NAMES, build_hf_model, hf_config, save_checkpoint, train_tokenizer, corpus_texts
 
@@ -260,7 +261,7 @@ def test_abort_of_a_speculating_request_leaks_no_block(checkpoints, drafts):
 
 
 def test_pool_sizing_counts_both_models(checkpoints, drafts):
-    from minilm_engine.kv_cache.paged import PagedKVCache
+    from minilm_engine.model.attention.kv_cache import PagedKVCache
 
     name = "qwen2"
     target = LLM(checkpoints[name].path, max_model_len=MAX_MODEL_LEN, kv_cache_memory=1 << 20, block_size=4)
@@ -285,7 +286,7 @@ def test_bad_speculative_configs_fail_at_construction(checkpoints, tmp_path):
     with pytest.raises(ValueError, match="num_speculative_tokens must be in"):
         LLM(target, speculative_config={"model": str(target), "num_speculative_tokens": -2})
     with pytest.raises(ValueError, match="continuous engine; strategy='kv_cache'"):
-        LLM(target, strategy="kv_cache", speculative_config={"model": str(target), "num_speculative_tokens": 2})
+        BaselineLLM(target, strategy="kv_cache", speculative_config={"model": str(target), "num_speculative_tokens": 2})
     # The shipped apprentice has another vocabulary (1497 tokens) than these models (400).
     with pytest.raises(ValueError, match="the draft's vocabulary has 1497 tokens, the target's 400"):
         LLM(target, max_model_len=MAX_MODEL_LEN, speculative_config={"model": "noodle-apprentice", "num_speculative_tokens": 2})

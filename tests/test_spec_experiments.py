@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.experiments.speculative: the chapter's measurements on tiny models.
+"""Tests for minilm_engine.course.experiments.speculative: the chapter's measurements on tiny models.
 
 Timings are not checked (noise); what is checked is that every run reports what it promises:
 the same tokens as without speculation, counters that add up, the formula evaluated at the
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine.experiments import speculative
-from minilm_engine.spec_decode import expected_tokens_per_round
+from minilm_engine.course.experiments import speculative
+from minilm_engine.worker.spec_decode import expected_tokens_per_round
 
 from test_spec_decode_engine import drafts  # noqa: F401  (the perturbed-copy drafts fixture)
 

@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.viz.spec_view: the picture of each round matches the engine's trace.
+"""Tests for minilm_engine.course.viz.spec_view: the picture of each round matches the engine's trace.
 
 A tiny random target drafts with a perturbed copy of itself (some drafts accepted, some not).
 The figure's cells are read back and recounted against the trace and the engine's counters:
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from minilm_engine import LLM, SamplingParams, viz
-from minilm_engine.viz.spec_view import KIND_COLORS
+from minilm_engine import LLM, SamplingParams
+from minilm_engine.course import viz
+from minilm_engine.course.viz.spec_view import KIND_COLORS
 
 from conftest import build_hf_model, hf_config, save_checkpoint
 from test_spec_decode_engine import perturbed_copy

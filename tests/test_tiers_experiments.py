@@ -1,4 +1,4 @@
-"""experiments/tiers.py (the tier measurement) and ledger/tiers.py (the batch tier's price from it).
+"""course/experiments/tiers.py (the tier measurement) and course/ledger/tiers.py (the batch tier's price from it).
 
 What is checked is what the run reports and the arithmetic of the price, never the timings.
 """
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from minilm_engine.experiments.cost import cost_per_million_tokens
-from minilm_engine.experiments.tiers import (
+from minilm_engine.course.experiments.cost import cost_per_million_tokens
+from minilm_engine.course.experiments.tiers import (
     TierRun,
     TiersResult,
     TierWorkload,
@@ -16,8 +16,8 @@ from minilm_engine.experiments.tiers import (
     p99_ttft_ratio,
     tiers_table,
 )
-from minilm_engine.ledger import Prices
-from minilm_engine.ledger.tiers import batch_tier_price, with_measured_batch_discount
+from minilm_engine.course.ledger import Prices
+from minilm_engine.course.ledger.tiers import batch_tier_price, with_measured_batch_discount
 
 SMALL = TierWorkload(num_interactive=3, interactive_rate=50.0, interactive_output_len=4, num_batch=4,
                      batch_output_len=8)

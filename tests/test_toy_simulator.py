@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.experiments.toy_simulator: the toy's bookkeeping, and the shortcuts
+"""Tests for minilm_engine.course.experiments.toy_simulator: the toy's bookkeeping, and the shortcuts
 (`continuous_num_steps`, `static_padding_waste`) against the step-by-step simulation."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minilm_engine.experiments.toy_simulator import (
+from minilm_engine.course.experiments.toy_simulator import (
     continuous_num_steps,
     predicted_speedup,
     simulate,

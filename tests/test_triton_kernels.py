@@ -32,16 +32,16 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton", reason="Triton is not installed (it comes with the 'test' extra on Linux x86-64)")
 
-import minilm_engine.attention as attention_package  # noqa: E402
+import minilm_engine.model.attention as attention_package  # noqa: E402
 from minilm_engine import LLM, SamplingParams  # noqa: E402
-from minilm_engine.attention import backends, triton_paged_prefill  # noqa: E402
-from minilm_engine.attention import triton_paged_decode_split  # noqa: E402
-from minilm_engine.attention.triton_paged_decode import paged_decode_attention  # noqa: E402
-from minilm_engine.attention.triton_paged_decode_split import paged_decode_split_attention  # noqa: E402
-from minilm_engine.attention.triton_paged_prefill import paged_prefill_attention  # noqa: E402
-from minilm_engine.attention.triton_write_kv import write_kv  # noqa: E402
-from minilm_engine.engine.config import EngineConfig  # noqa: E402
-from minilm_engine.attention.paged import paged_attention_reference, write_kv_reference  # noqa: E402
+from minilm_engine.model.attention import backends, triton_paged_prefill  # noqa: E402
+from minilm_engine.model.attention import triton_paged_decode_split  # noqa: E402
+from minilm_engine.model.attention.triton_paged_decode import paged_decode_attention  # noqa: E402
+from minilm_engine.model.attention.triton_paged_decode_split import paged_decode_split_attention  # noqa: E402
+from minilm_engine.model.attention.triton_paged_prefill import paged_prefill_attention  # noqa: E402
+from minilm_engine.model.attention.triton_write_kv import write_kv  # noqa: E402
+from minilm_engine.core.config import EngineConfig  # noqa: E402
+from minilm_engine.model.attention.paged import paged_attention_reference, write_kv_reference  # noqa: E402
 from test_paged_attention import PagedSeq, this_step, write_prefix  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -295,7 +295,7 @@ def test_triton_on_cpu_without_interpreter_warns_and_falls_back(monkeypatch):
 def test_triton_missing_warns_and_falls_back(monkeypatch):
     # What an install without Triton sees: importing the kernels fails.
     monkeypatch.delattr(attention_package, "triton_paged_prefill")
-    monkeypatch.setitem(sys.modules, "minilm_engine.attention.triton_paged_prefill", None)
+    monkeypatch.setitem(sys.modules, "minilm_engine.model.attention.triton_paged_prefill", None)
     with pytest.warns(UserWarning, match="Triton does not import"):
         assert backends.get_attention_backend("triton", DEVICE) is backends.TORCH_BACKEND
     with warnings.catch_warnings():

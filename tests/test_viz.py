@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.viz: the figures show exactly what the engine did and holds.
+"""Tests for minilm_engine.course.viz: the figures show exactly what the engine did and holds.
 
 A tiny random Llama runs in the continuous engine with requests that share a prompt prefix.
 Each check reads the figure itself (its traces, colours and texts) and compares it with the
@@ -16,8 +16,8 @@ import plotly.graph_objects as go
 import pytest
 
 from minilm_engine import LLM, SamplingParams
-from minilm_engine import viz
-from minilm_engine.viz.colors import CACHED_FREE_COLOR, FREE_COLOR
+from minilm_engine.course import viz
+from minilm_engine.course.viz.colors import CACHED_FREE_COLOR, FREE_COLOR
 
 from conftest import build_hf_model, hf_config, save_checkpoint
 
@@ -301,7 +301,7 @@ def test_views_refuse_an_engine_without_a_trace(tiny_checkpoint):
 
 
 def test_colab_is_detected_by_its_environment_variable(monkeypatch):
-    from minilm_engine.viz import frontend
+    from minilm_engine.course.viz import frontend
 
     monkeypatch.delenv("COLAB_NOTEBOOK_ID", raising=False)
     monkeypatch.delenv("MINILM_WIDGET_RENDERER", raising=False)
@@ -316,7 +316,7 @@ def test_colab_is_detected_by_its_environment_variable(monkeypatch):
 
 
 def test_in_colab_the_live_view_is_an_anywidget_that_follows_the_engine(tiny_checkpoint, monkeypatch):
-    from minilm_engine.viz.anywidget_figure import PlotlyAnyWidget
+    from minilm_engine.course.viz.anywidget_figure import PlotlyAnyWidget
 
     monkeypatch.setenv("COLAB_NOTEBOOK_ID", "1a2b3c")
     monkeypatch.delenv("MINILM_WIDGET_RENDERER", raising=False)
@@ -338,7 +338,7 @@ def test_in_colab_the_live_view_is_an_anywidget_that_follows_the_engine(tiny_che
 def test_static_png_draws_every_kind_of_trace_the_chapters_use(tiny_checkpoint):
     from plotly.subplots import make_subplots
 
-    from minilm_engine.viz.static_png import figure_to_png, png_bundle
+    from minilm_engine.course.viz.static_png import figure_to_png, png_bundle
 
     engine = make_engine(tiny_checkpoint, num_requests=3)
     for _ in range(4):
@@ -360,7 +360,7 @@ def test_static_png_keeps_the_labels_written_on_bars_and_ticks(monkeypatch):
     import matplotlib.axes
     import plotly.graph_objects as go
 
-    from minilm_engine.viz.static_png import figure_to_png
+    from minilm_engine.course.viz.static_png import figure_to_png
 
     drawn, real = [], matplotlib.axes.Axes.bar_label
 
@@ -387,7 +387,7 @@ def test_static_png_keeps_the_labels_written_on_bars_and_ticks(monkeypatch):
 def test_png_renderer_makes_fig_show_leave_a_png(monkeypatch):
     import plotly.io as pio
 
-    from minilm_engine.viz.static_png import use_png_renderer
+    from minilm_engine.course.viz.static_png import use_png_renderer
 
     monkeypatch.setattr(pio.renderers, "_default_name", pio.renderers.default)
     monkeypatch.setattr(pio.renderers, "_default_renderers", list(pio.renderers._default_renderers))

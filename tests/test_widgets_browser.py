@@ -79,7 +79,7 @@ mw
 """
 # Cell 3: the ledger dashboard on the ladder shipped with the package, its own live engine.
 DASHBOARD_SOURCE = """\
-from minilm_engine.viz.dashboard import LedgerDashboard
+from minilm_engine.course.viz.dashboard import LedgerDashboard
 dashboard = LedgerDashboard(llm=LLM(max_num_seqs=8, num_kv_blocks=128))
 dashboard.widget()
 """
@@ -427,7 +427,7 @@ def _check_dashboard(page, dashboard) -> None:
         state="attached", timeout=UPDATE_TIMEOUT_MS)
     for title in ("1 · pipeline", "2 · KV cache reuse", "3 · batching"):
         assert dashboard.get_by_role("tab", name=title).count() == 1, title
-    from minilm_engine.viz.dashboard import LedgerDashboard
+    from minilm_engine.course.viz.dashboard import LedgerDashboard
 
     # Every technique ticked: the last rung of the shipped ladder that was measured.
     _wait_for_title(page, dashboard, f"Optimization pipeline: {LedgerDashboard().selected.rung.name}")

@@ -1,16 +1,11 @@
-"""Tests for minilm_engine.experiments.workloads: seeded, skewed, exactly as long as promised."""
+"""Tests for minilm_engine.course.experiments.workloads: seeded, skewed, exactly as long as promised."""
 
 from __future__ import annotations
 
 import pytest
 
-from minilm_engine.data.noodle_corpus import sample_prompts
-from minilm_engine.experiments.workloads import (
-    LengthMix,
-    Workload,
-    draw_output_lens,
-    mixed_workload,
-)
+from minilm_engine.course.noodle_corpus import sample_prompts
+from minilm_engine.course.experiments.workloads import LengthMix, Workload, draw_output_lens, mixed_workload
 
 
 def test_same_seed_same_workload_and_other_seed_differs():

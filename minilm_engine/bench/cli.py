@@ -28,10 +28,18 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from ..cli_types import json_object
-from .datasets import BenchRequest, jsonl_requests, noodle_requests
-from .metrics import LATENCY_METRICS, parse_metric_names, parse_percentiles, parse_slo
-from .serve import ENDPOINTS, BenchConfig, BenchResult, json_rate, percentile_word, run_benchmark, sweep
+from minilm_engine.bench.cli_types import json_object
+from minilm_engine.bench.datasets import BenchRequest, jsonl_requests, noodle_requests
+from minilm_engine.bench.metrics import LATENCY_METRICS, parse_metric_names, parse_percentiles, parse_slo
+from minilm_engine.bench.serve import (
+    ENDPOINTS,
+    BenchConfig,
+    BenchResult,
+    json_rate,
+    percentile_word,
+    run_benchmark,
+    sweep,
+)
 
 BACKEND_ENDPOINTS = {"openai": "/v1/completions", "vllm": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 DATASETS = ("noodle", "random", "custom")
@@ -189,7 +197,7 @@ def _load_tokenizer(name: str | None, trust_remote_code: bool = False):
     try:
         from transformers import AutoTokenizer
 
-        from ..models import resolve_model_path
+        from minilm_engine.model import resolve_model_path
 
         return AutoTokenizer.from_pretrained(str(resolve_model_path(name)), trust_remote_code=trust_remote_code)
     except Exception:

@@ -24,7 +24,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .metrics import RequestResult
+from minilm_engine.bench.metrics import RequestResult
 
 RETRY_STATUSES = (429, 503)
 

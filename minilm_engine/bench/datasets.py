@@ -3,9 +3,11 @@
 Contract: `noodle_requests(...)` and `jsonl_requests(...)` return `BenchRequest`s (prompt text
 and max_tokens), the same for the same arguments on every machine.  Lengths are drawn like
 `vllm bench serve --random-range-ratio`: uniform in [L * (1 - r), L * (1 + r)], at least 1.
-With an input length, a noodle prompt is the beginning of a corpus document cut to that many
-tokens (counted with `tokenizer` when one is given, else estimated at 4 characters a token);
-without, it is a document's first line (a few tokens), as the shipped models know them.
+Noodle prompts come from the corpus sample shipped with the models (`model.loader.
+shipped_corpus_sample`), drawn with the seed.  With an input length, a prompt is the beginning
+of sampled documents cut to that many tokens (counted with `tokenizer` when one is given, else
+estimated at 4 characters a token); without, it is a document's first line (a few tokens), as
+the shipped models know them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.noodle_corpus import generate_documents, sample_prompts
+from minilm_engine.model.loader import shipped_corpus_sample
 
 CHARS_PER_TOKEN = 4  # estimate when no tokenizer is at hand (English text, BPE)
 
@@ -47,16 +49,17 @@ def noodle_requests(num_requests: int, output_len: int = 32, input_len: int | No
     if output_len < 1 or (input_len is not None and input_len < 1):
         raise ValueError(f"lengths must be >= 1, got input {input_len}, output {output_len}")
     rng = random.Random(seed)
+    sample = shipped_corpus_sample()
+    documents = sample["documents"]
     if input_len is None:
-        prompts = sample_prompts(num_requests, seed)
+        prompts = [rng.choice(sample["prompts"]) for _ in range(num_requests)]
     else:
-        # Documents long enough to cut: join a few so that even long inputs have text.
-        documents = generate_documents(num_requests * 4, seed)
         prompts = []
-        for i in range(num_requests):
-            text = "".join(documents[4 * i: 4 * i + 4])
+        for _ in range(num_requests):
+            # Documents long enough to cut: join a few so that even long inputs have text.
+            text = ""
             while len(text) < input_len * CHARS_PER_TOKEN * 2:
-                text += "".join(generate_documents(4, seed + 1000 + len(text)))
+                text += rng.choice(documents)
             prompts.append(_cut(text, draw_length(rng, input_len, range_ratio), tokenizer))
     return [BenchRequest(p, draw_length(rng, output_len, range_ratio)) for p in prompts]
 

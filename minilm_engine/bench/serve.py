@@ -1,4 +1,4 @@
-"""The load generator behind `minilm-engine bench serve` (like `vllm bench serve`; flags in cli.py).
+"""The load generator behind `minilm-engine bench serve` (like `vllm bench serve`; flags in entrypoints/cli/main.py).
 
 Contract: `run_benchmark(config, requests)` sends `requests` (datasets.py) to
 `config.base_url` at `config.request_rate` requests/s (Poisson arrivals; `burstiness` != 1
@@ -33,9 +33,9 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from .client import RetryPolicy, retry_after_of, with_retries
-from .datasets import BenchRequest
-from .metrics import LATENCY_METRICS, BenchmarkMetrics, RequestResult, summarize
+from minilm_engine.bench.client import RetryPolicy, retry_after_of, with_retries
+from minilm_engine.bench.datasets import BenchRequest
+from minilm_engine.bench.metrics import LATENCY_METRICS, BenchmarkMetrics, RequestResult, summarize
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 

@@ -28,10 +28,10 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..llm import LLM, _stable_prefix
-from ..outputs import PositionLogprobs
-from ..request import Request
-from ..sampling_params import SamplingParams
+from minilm_engine.entrypoints.llm import LLM, _stable_prefix
+from minilm_engine.core.outputs import PositionLogprobs
+from minilm_engine.core.request import Request
+from minilm_engine.core.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

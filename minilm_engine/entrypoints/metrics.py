@@ -23,8 +23,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..request import Request
-from .async_engine import AsyncLLMEngine
+from minilm_engine.core.request import Request
+from minilm_engine.entrypoints.async_engine import AsyncLLMEngine
 
 PREFIX = "minilm:"
 disable_created_metrics()  # no "*_created" timestamp series (vLLM turns them off too)

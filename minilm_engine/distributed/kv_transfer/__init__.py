@@ -7,7 +7,13 @@ and a router in front.
     disagg_router.py   DisaggRouter: add_request / step / generate over the two engines
 """
 
-from .disagg_router import DisaggRouter
-from .kv_connector import InProcessKVConnector, KVTransfer, KVTransferStats, pack_kv, unpack_kv
+from minilm_engine.distributed.kv_transfer.disagg_router import DisaggRouter
+from minilm_engine.distributed.kv_transfer.kv_connector import (
+    InProcessKVConnector,
+    KVTransfer,
+    KVTransferStats,
+    pack_kv,
+    unpack_kv,
+)
 
 __all__ = ["DisaggRouter", "InProcessKVConnector", "KVTransfer", "KVTransferStats", "pack_kv", "unpack_kv"]

@@ -1,6 +1,6 @@
 """Disaggregated prefill: a router in front of a prefill engine and a decode engine.
 
-Contract: `DisaggRouter(kv_producer, kv_consumer)` takes two `LLM`s (strategy "continuous")
+Contract: `DisaggRouter(kv_producer, kv_consumer)` takes two `LLM`s
 that load the same checkpoint.  Every request goes to the producer, which runs its prompt
 (whole, or in chunks under its own token budget) and samples its first token; the router then
 detaches it and the connector (`kv_connector.py`) copies the prompt's KV into the consumer's
@@ -14,7 +14,7 @@ sampled with the same seeds: the request's generator travels with it).
 
 One `step()` is a producer step, the hand-overs the consumer has room for, then a consumer
 step; `step_prefill`, `transfer_pending` and `step_decode` are its three parts, for a caller
-that times each engine on its own clock (`experiments/disaggregation.py`).
+that times each engine on its own clock (`course/experiments/disaggregation.py`).
 
 Backpressure: while a hand-over waits (the consumer has no batch slot or too few blocks), the
 producer keeps that prompt's blocks and runs no more prefills.  vLLM's producer too holds a
@@ -37,12 +37,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...inputs import PromptType
-from ...llm import LLM
-from ...outputs import RequestOutput
-from ...request import Request
-from ...sampling_params import SamplingParams
-from .kv_connector import InProcessKVConnector, KVTransfer
+from minilm_engine.entrypoints.input_processor import PromptType
+from minilm_engine.entrypoints.llm import LLM
+from minilm_engine.core.outputs import RequestOutput
+from minilm_engine.core.request import Request
+from minilm_engine.core.sampling_params import SamplingParams
+from minilm_engine.distributed.kv_transfer.kv_connector import InProcessKVConnector, KVTransfer
 
 
 class DisaggRouter:
@@ -51,8 +51,8 @@ class DisaggRouter:
 
     def __init__(self, kv_producer: LLM, kv_consumer: LLM):
         for role, llm in (("kv_producer", kv_producer), ("kv_consumer", kv_consumer)):
-            if llm.strategy_name != "continuous":
-                raise ValueError(f"the {role} must use strategy='continuous', got {llm.strategy_name!r}")
+            if getattr(llm, "strategy_name", "continuous") != "continuous":
+                raise ValueError(f"the {role} must run the engine (strategy='continuous'), got {llm.strategy_name!r}")
         self.kv_producer = kv_producer
         self.kv_consumer = kv_consumer
         self.connector = InProcessKVConnector(kv_producer.engine, kv_consumer.engine)

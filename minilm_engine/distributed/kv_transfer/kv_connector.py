@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...engine.llm_engine import LLMEngine
-from ...kv_cache.paged import PagedKVCache
-from ...request import Request
+from minilm_engine.entrypoints.llm_engine import LLMEngine
+from minilm_engine.model.attention.kv_cache import PagedKVCache
+from minilm_engine.core.request import Request
 
 
 def pack_kv(cache: PagedKVCache, slots: list[int]) -> torch.Tensor:
@@ -52,7 +52,7 @@ def pack_kv(cache: PagedKVCache, slots: list[int]) -> torch.Tensor:
     wire = torch.empty((len(cache.k), 2, len(slots), *k0.shape[2:]), dtype=k0.dtype, device=k0.device)
     for layer, (k, v) in enumerate(zip(cache.k, cache.v)):
         # A layer's cache (num_blocks + 1, block_size, H_kv, D) seen as (slots, H_kv, D): slot
-        # s = block_id * block_size + offset is row s (`kv_cache/block_table.py`).
+        # s = block_id * block_size + offset is row s (`worker/block_table.py`).
         torch.index_select(k.flatten(0, 1), 0, index, out=wire[layer, 0])
         torch.index_select(v.flatten(0, 1), 0, index, out=wire[layer, 1])
     return wire

@@ -4,7 +4,7 @@ Contract: `build_app(llm, ...)` returns a FastAPI app whose lifespan starts the 
 and, on shutdown, aborts whatever is still running (every KV block freed).  Routes:
 
     POST /v1/completions        prompt(s) -> text (stream: true -> server-sent events)
-    POST /v1/chat/completions   messages -> text  (the chat template, see chat_template.py)
+    POST /v1/chat/completions   messages -> text  (the chat template, see entrypoints/chat_template.py)
     GET  /v1/models             the served model name(s), with root and max_model_len
     POST /tokenize, /detokenize text or messages <-> token ids (vLLM's routes)
     GET  /tokenizer_info        the tokenizer's configuration and chat template (vLLM's)
@@ -46,14 +46,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...llm import LLM
-from .. import DEFAULT_HOST
-from ..async_engine import AsyncLLMEngine
-from ..rate_limit import RateLimiter, RateLimitExceeded, Reservation
-from ...chat_template import chat_format_for
-from ..metrics import ServerMetrics
-from ... import __version__
-from .protocol import (
+from minilm_engine.entrypoints.llm import LLM
+from minilm_engine.entrypoints import DEFAULT_HOST
+from minilm_engine.entrypoints.async_engine import AsyncLLMEngine
+from minilm_engine.entrypoints.rate_limit import RateLimiter, RateLimitExceeded, Reservation
+from minilm_engine.entrypoints.chat_template import chat_format_for
+from minilm_engine.entrypoints.metrics import ServerMetrics
+from minilm_engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -61,8 +60,8 @@ from .protocol import (
     ModelList,
     TokenizeRequest,
 )
-from .serving import APIError, OpenAIServing, Prepared, parse_body, sse
-from .serving_tokenization import detokenize, tokenize, tokenizer_info
+from minilm_engine.entrypoints.openai.serving import APIError, OpenAIServing, Prepared, parse_body, sse
+from minilm_engine.entrypoints.openai.serving_tokenization import detokenize, tokenize, tokenizer_info
 
 
 def model_root(llm: LLM) -> str:
@@ -139,7 +138,7 @@ def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: st
 
     @app.get("/version")
     async def version():
-        return {"version": __version__}
+        return {"version": package_version()}
 
     @app.post("/tokenize")
     async def tokenize_route(raw: Request):
@@ -337,3 +336,13 @@ class ServerThread:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def package_version() -> str:
+    """The installed minilm-engine's version (GET /version), as pip recorded it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("minilm-engine")
+    except PackageNotFoundError:  # run from a checkout on PYTHONPATH, not installed
+        return "unknown"

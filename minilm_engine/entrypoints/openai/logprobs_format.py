@@ -1,7 +1,7 @@
 """Engine logprobs -> OpenAI's two wire shapes.
 
 Contract: the engine gives one {token id: Logprob} dict per position (the chosen token with its
-rank, then the top-k; `outputs.py`), or None for a prompt's first token.  OpenAI wants:
+rank, then the top-k; `core/outputs.py`), or None for a prompt's first token.  OpenAI wants:
 
     /v1/completions   {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{text: lp}],
                        "text_offset": [...]}        a prompt's first position: logprob None
@@ -13,8 +13,13 @@ token decoded on its own, as vLLM reports it.
 
 from __future__ import annotations
 
-from ...outputs import PositionLogprobs
-from .protocol import ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, CompletionLogprobs
+from minilm_engine.core.outputs import PositionLogprobs
+from minilm_engine.entrypoints.openai.protocol import (
+    ChatLogprobs,
+    ChatTokenLogprob,
+    ChatTopLogprob,
+    CompletionLogprobs,
+)
 
 _FLOOR = -9999.0
 

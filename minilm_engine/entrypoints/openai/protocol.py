@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ...sampling_params import SamplingParams
+from minilm_engine.core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ import sys
 import uuid
 from collections.abc import Iterable
 
-from ...llm import LLM
-from ..async_engine import AsyncLLMEngine
-from ...chat_template import chat_format_for
-from .protocol import ChatCompletionRequest, CompletionRequest
-from .serving import APIError, OpenAIServing, parse_body
+from minilm_engine.entrypoints.llm import LLM
+from minilm_engine.entrypoints.async_engine import AsyncLLMEngine
+from minilm_engine.entrypoints.chat_template import chat_format_for
+from minilm_engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from minilm_engine.entrypoints.openai.serving import APIError, OpenAIServing, parse_body
 
 # url -> (request model, how to prepare it, how to answer it)
 ROUTES = {
@@ -101,7 +101,7 @@ async def run_batch_async(llm: LLM, lines: Iterable[str], served_model_names: li
                           progress: bool = True) -> list[dict]:
     from tqdm.auto import tqdm
 
-    from .api_server import model_root
+    from minilm_engine.entrypoints.openai.api_server import model_root
 
     engine = AsyncLLMEngine(llm)
     names = list(served_model_names or [model_root(llm)])

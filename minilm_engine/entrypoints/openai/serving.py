@@ -25,11 +25,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ...outputs import PositionLogprobs
-from ...request import Request
-from ..async_engine import AsyncLLMEngine, RequestStream, StreamDelta
-from ...chat_template import ChatFormat, render_chat
-from .protocol import (
+from minilm_engine.core.outputs import PositionLogprobs
+from minilm_engine.core.request import Request
+from minilm_engine.entrypoints.async_engine import AsyncLLMEngine, RequestStream, StreamDelta
+from minilm_engine.entrypoints.chat_template import ChatFormat, render_chat
+from minilm_engine.entrypoints.openai.protocol import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -44,7 +44,7 @@ from .protocol import (
     _SamplingFields,
     warn_ignored,
 )
-from .logprobs_format import chat_logprobs, completion_logprobs
+from minilm_engine.entrypoints.openai.logprobs_format import chat_logprobs, completion_logprobs
 
 
 # OpenAI's service tiers -> the engine's priority (lower first).  "flex" is the batch tier:

@@ -13,8 +13,14 @@ answers) instead of loading a tokenizer by the model's name.  None touches the e
 
 from __future__ import annotations
 
-from .protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, warn_ignored
-from .serving import APIError, OpenAIServing
+from minilm_engine.entrypoints.openai.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    warn_ignored,
+)
+from minilm_engine.entrypoints.openai.serving import APIError, OpenAIServing
 
 
 def tokenize(serving: OpenAIServing, body: TokenizeRequest) -> dict:

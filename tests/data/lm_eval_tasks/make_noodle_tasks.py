@@ -2,7 +2,7 @@
 
     python tests/data/lm_eval_tasks/make_noodle_tasks.py
 
-Every document comes from `minilm_engine.data.noodle_corpus` with seeds the shipped models were
+Every document comes from `minilm_engine.course.noodle_corpus` with seeds the shipped models were
 not trained on (their corpus used seed 0, their held-out set seed 1), so the tasks test what
 the chef learned, not what it saw:
 
@@ -22,7 +22,7 @@ import json
 import random
 from pathlib import Path
 
-from minilm_engine.data.noodle_corpus import PRICES, make_receipt, money
+from minilm_engine.course.noodle_corpus import PRICES, make_receipt, money
 
 HERE = Path(__file__).resolve().parent
 NUM_DOCS = 16

@@ -1,5 +1,0 @@
-"""Attention math, kept apart from the model so that each KV-cache layout can reuse it."""
-
-from .reference import AttentionContext, NoKVCache, attention, causal_mask
-
-__all__ = ["AttentionContext", "NoKVCache", "attention", "causal_mask"]

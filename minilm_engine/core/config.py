@@ -1,0 +1,72 @@
+"""Engine settings, with vLLM's names, checked once at the boundary.
+
+Contract: an `EngineConfig` that constructs is consistent (positive sizes, a token budget a
+prompt can fit into when chunked prefill is off).  Every serving strategy reads the fields it
+needs; the paged engine reads all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minilm_engine.model.attention.backends import ATTENTION_BACKENDS
+from minilm_engine.core.speculative_config import SpeculativeConfig
+from minilm_engine.core.request_queue import SCHEDULING_POLICIES
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 16  # most requests in one batch
+    max_num_batched_tokens: int = 512  # token budget of one engine step (prefill + decode)
+    block_size: int = 16  # tokens per KV block
+    # pool size; None = from kv_cache_memory, else room for max_num_seqs full-length requests
+    # within the device's limit (1 GiB on a CPU, gpu_memory_utilization on a GPU)
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None  # byte budget for the pool, alternative to num_kv_blocks
+    gpu_memory_utilization: float = 0.9  # on a GPU, share of memory the engine may fill
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    attention_backend: str = "auto"  # "torch" (reference), "triton" (kernels), "auto": triton on CUDA
+    enforce_eager: bool = False  # True: never capture CUDA graphs (they are used on CUDA with triton)
+    # Keep a StepRecord of every step in engine.trace (widgets and chapters read it).  A record
+    # copies every running request's block table, so long benchmark or serving runs turn it off.
+    record_trace: bool = True
+    # Speculative decoding (vLLM's spelling): {"model": DRAFT, "num_speculative_tokens": K}, with
+    # DRAFT a folder, a hub id or "noodle-apprentice".  Parsed into a SpeculativeConfig; None or
+    # K = 0: no speculation.
+    speculative_config: SpeculativeConfig | dict | None = None
+    # Who goes first (vLLM's --scheduling-policy): "fcfs" (arrival order, the default) or
+    # "priority" (each request's priority, lower first, then arrival; see request_queue.py).
+    scheduling_policy: str = "fcfs"
+    max_logprobs: int = 20  # most top tokens a request may ask logprobs of per position (vLLM's)
+    max_n: int = 128  # most samples (n) per prompt
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("num_kv_blocks", "kv_cache_memory"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if self.num_kv_blocks is not None and self.kv_cache_memory is not None:
+            raise ValueError("pass num_kv_blocks or kv_cache_memory, not both")
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "record_trace"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}"
+            )
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
+            )

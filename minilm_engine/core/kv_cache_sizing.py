@@ -1,0 +1,158 @@
+"""How many KV-cache blocks an engine reserves.
+
+Contract: `decide_num_kv_blocks(config, model_config, dtype, device, max_model_len)` returns the
+pool size: what the engine config asks for (`num_kv_blocks`, or a `kv_cache_memory` byte
+budget), else room for `max_num_seqs` requests of `max_model_len` tokens within what the device
+allows (`kv_cache_limit`: 1 GiB on a CPU; on a GPU, what `gpu_memory_utilization` leaves).
+`KVCacheBudget` is the pool's arithmetic (bytes per token per layer -> per token -> per block ->
+blocks -> tokens) and what it implies: `max_context_len(concurrency)`, the longest context each
+of `concurrency` requests can have at once, and the `max_model_len` the engine derives from it.
+
+    bytes/token/layer = 2 (K and V) x kv heads x head_dim x bytes per element
+    bytes/token       = layers x bytes/token/layer  (+ the draft model's, when speculating)
+    tokens in pool    = num_blocks x block_size
+    context at C      = min(max_position_embeddings, (num_blocks // C) x block_size)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from minilm_engine.model.config import ModelConfig
+from minilm_engine.core.kv_cache_utils import cdiv
+from minilm_engine.model.attention.kv_cache import PagedKVCache
+
+CPU_KV_CACHE_LIMIT = 1 << 30  # never reserve more than 1 GiB of KV cache on a CPU by default
+
+
+class KVCacheSizing(Protocol):
+    """The fields of `engine.config.EngineConfig` that size the pool (named here, not imported,
+    so that kv_cache/ does not depend on the engine that uses it)."""
+
+    max_num_seqs: int
+    block_size: int
+    num_kv_blocks: int | None
+    kv_cache_memory: int | None
+    gpu_memory_utilization: float
+
+
+def decide_num_kv_blocks(
+    config: KVCacheSizing,
+    model_config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+    draft_model_config: ModelConfig | None = None,
+) -> int:
+    """Pool size: as asked (`num_kv_blocks`, or `kv_cache_memory` bytes), else the default below.
+
+    With a draft model (speculative decoding) the draft gets a pool of as many blocks (it holds
+    the same tokens), so one block costs the target's bytes plus the draft's.
+    """
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    per_block = PagedKVCache.bytes_per_block(model_config, config.block_size, dtype)
+    if draft_model_config is not None:
+        per_block += PagedKVCache.bytes_per_block(draft_model_config, config.block_size, dtype)
+    if config.kv_cache_memory is not None:
+        return max(1, config.kv_cache_memory // per_block)
+    return default_num_kv_blocks(config, max_model_len, per_block, kv_cache_limit(config, device))
+
+
+def kv_cache_limit(config: KVCacheSizing, device: torch.device) -> int:
+    """Most bytes a default pool may take: 1 GiB on a CPU; on a GPU, what is free (after the
+    weights) minus the share of the whole card that `gpu_memory_utilization` leaves alone."""
+    if device.type != "cuda":
+        return CPU_KV_CACHE_LIMIT
+    free, total = torch.cuda.mem_get_info(device)
+    return int(free - (1 - config.gpu_memory_utilization) * total)
+
+
+def default_num_kv_blocks(config: KVCacheSizing, max_model_len: int, per_block: int, limit: int) -> int:
+    """Room for `max_num_seqs` requests of `max_model_len` tokens, within `limit` bytes.
+
+    Not all the memory there is (vLLM's choice): more blocks than that could only hold prefix
+    cache, and several engines can then share one GPU, as the chapters' side-by-side
+    comparisons do.
+    """
+    if limit < per_block:
+        raise RuntimeError(
+            f"no memory left for a KV cache: {limit / 2**20:.0f} MiB allowed, one block needs "
+            f"{per_block / 2**10:.0f} KiB; free other engines, raise gpu_memory_utilization, "
+            f"or pass num_kv_blocks / kv_cache_memory"
+        )
+    wanted = config.max_num_seqs * cdiv(max_model_len, config.block_size)  # whole blocks each
+    return max(1, min(wanted, limit // per_block))
+
+
+def max_context_len(num_blocks: int, block_size: int, concurrency: int, max_position_embeddings: int) -> int:
+    """The longest context each of `concurrency` requests can hold at the same time: the pool's
+    blocks shared evenly, whole blocks each (a block holds one request's tokens only), and never
+    more than the architecture's positions."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    return min(max_position_embeddings, (num_blocks // concurrency) * block_size)
+
+
+@dataclass(frozen=True)
+class KVCacheBudget:
+    """What the KV pool holds, from the model's shape and the pool's size (see the module doc)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    bytes_per_element: int
+    block_size: int
+    num_blocks: int
+    max_position_embeddings: int
+    draft_bytes_per_token: int = 0  # speculative decoding: the draft's KV for the same tokens
+
+    @classmethod
+    def of(cls, model_config: ModelConfig, dtype: torch.dtype, block_size: int, num_blocks: int,
+           draft_model_config: ModelConfig | None = None) -> KVCacheBudget:
+        element = torch.empty((), dtype=dtype).element_size()
+        draft = 0 if draft_model_config is None else draft_model_config.kv_bytes_per_token(element)
+        return cls(model_config.num_hidden_layers, model_config.num_key_value_heads, model_config.head_dim,
+                   element, block_size, num_blocks, model_config.max_position_embeddings, draft)
+
+    @property
+    def bytes_per_token_per_layer(self) -> int:
+        return 2 * self.num_kv_heads * self.head_dim * self.bytes_per_element
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.num_layers * self.bytes_per_token_per_layer + self.draft_bytes_per_token
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.block_size * self.bytes_per_token
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def max_context_len(self, concurrency: int = 1) -> int:
+        return max_context_len(self.num_blocks, self.block_size, concurrency, self.max_position_embeddings)
+
+    def describe(self, concurrencies: tuple[int, ...] = (1,)) -> str:
+        """The arithmetic, as `serve` prints it at startup."""
+        lines = [
+            f"KV cache: 2 (K, V) x {self.num_kv_heads} kv heads x {self.head_dim} head_dim x "
+            f"{self.bytes_per_element} B = {self.bytes_per_token_per_layer:,} B per token per layer; "
+            f"x {self.num_layers} layers"
+            + (f" + {self.draft_bytes_per_token:,} B (draft)" if self.draft_bytes_per_token else "")
+            + f" = {self.bytes_per_token:,} B per token",
+            f"  {self.num_blocks:,} blocks x {self.block_size} tokens = {self.num_tokens:,} tokens "
+            f"({self.num_bytes / 2**20:,.1f} MiB); the architecture allows {self.max_position_embeddings:,}",
+        ]
+        for c in concurrencies:
+            lines.append(f"  largest context at concurrency {c}: min({self.max_position_embeddings:,}, "
+                         f"({self.num_blocks:,} // {c}) x {self.block_size}) = {self.max_context_len(c):,} tokens")
+        return "\n".join(lines)

@@ -1,0 +1,274 @@
+"""A request's state as it moves through a serving strategy, and the rules that finish it.
+
+Contract: strategies call `request.append_decoded_token(token_id, tokenizer)` (or
+`append_output_token(token_id, text)` with the text already decoded) after every sampled
+token; the request then decides by itself whether it is done (EOS, a stop token, a stop string,
+`max_tokens`, or the model's context full) and records `finish_reason` and `stop_reason` the
+way vLLM does: "stop" (stop_reason: the stop string or stop token id; None for EOS) or "length".
+Token ids keep the token that stopped it; text drops stop strings (unless
+`include_stop_str_in_output`).  A request that asked for logprobs gets them with each token
+(`append_logprobs`), and its prompt's, chunk by chunk (`append_prompt_logprobs`).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from minilm_engine.core.detokenizer import IncrementalDetokenizer
+from minilm_engine.core.outputs import (
+    CompletionOutput,
+    Logprob,
+    PositionLogprobs,
+    RequestMetrics,
+    RequestOutput,
+)
+from minilm_engine.core.outputs import TokenLogprobs
+from minilm_engine.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISH_REASONS  # the three FINISHED_* states (defined just below)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+    generator: torch.Generator | None = None
+    # Scheduling rank under scheduling_policy="priority" (vLLM's convention: lower is served
+    # first, 0 the default; the server's batch tier is a large value).  Ignored under "fcfs".
+    priority: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    output_text: str = ""
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    num_computed_tokens: int = 0  # tokens whose keys/values are in the cache (paged engine)
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
+    detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer, repr=False)
+    # Prefix caching: block size -> chained hashes of this request's first full blocks, computed
+    # once (`BlockManager.get_computed_blocks` extends the list) and shared by the draft's pool.
+    block_hashes: dict[int, list[int]] = field(default_factory=dict, repr=False)
+    # True: output_text follows every token (streaming).  False: decoded once when the request
+    # ends (`LLM.generate`, which returns only finished outputs), unless stop strings need it.
+    incremental_text: bool = True
+    index: int = 0  # which of the n samples of its prompt this request is (n > 1)
+    # n > 1: the sample whose prompt KV this one reads from the prefix cache; the scheduler
+    # admits this one only once that one's prompt is computed (`waits_for_prefix`).
+    prefix_source: Request | None = field(default=None, repr=False)
+    num_cached_tokens: int | None = None  # prefix-cache hit when first scheduled
+    # Logprobs asked for (None: not asked): one {token id: Logprob} per output token, and per
+    # prompt token (the first None: nothing predicts it).
+    logprobs: list[PositionLogprobs] | None = field(default=None, repr=False)
+    cumulative_logprob: float | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # Prompt and outputs in one list, kept up to date token by token: the engine reads it
+        # every step, and concatenating two long lists each time would cost O(length).
+        self._all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
+        params = self.sampling_params
+        if params.logprobs is not None and self.logprobs is None:
+            self.logprobs, self.cumulative_logprob = [], 0.0
+        if params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """Prompt logprobs need the logits of every prompt position: nothing may be skipped."""
+        return self.sampling_params.prompt_logprobs is not None
+
+    @property
+    def waits_for_prefix(self) -> bool:
+        """n > 1: wait while the sample this one shares its prompt with is still computing it,
+        so that this one finds the prompt's full blocks in the prefix cache."""
+        source = self.prefix_source
+        return (
+            source is not None
+            and not source.finished
+            and source.num_computed_tokens < source.num_prompt_tokens
+        )
+
+    def append_logprobs(self, found: TokenLogprobs, tokenizer) -> None:
+        """The logprobs of the token(s) just appended (one row per token)."""
+        for row in _position_dicts(found, tokenizer):
+            self.logprobs.append(row)
+            self.cumulative_logprob += next(iter(row.values())).logprob
+
+    def append_prompt_logprobs(self, first_position: int, found: TokenLogprobs, tokenizer) -> None:
+        """The logprobs of prompt tokens first_position, first_position + 1, ...; positions
+        already known (a preempted request computes its prompt again) are not added twice."""
+        rows = _position_dicts(found, tokenizer)
+        skip = len(self.prompt_logprobs) - first_position
+        self.prompt_logprobs.extend(rows[max(skip, 0):])
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt then outputs, as one list (the request's own: read it, do not change it)."""
+        return self._all_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Output tokens this request may still produce at most (max_tokens and context)."""
+        room = self.max_model_len - self.num_prompt_tokens
+        limit = self.sampling_params.max_tokens
+        return room if limit is None else min(limit, room)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self.status)
+
+    @property
+    def finished(self) -> bool:
+        return self.status.finished
+
+    def append_output_token(self, token_id: int, text: str) -> None:
+        """Record a sampled token and the decoded text of all outputs so far, then check stops."""
+        self._add_token(token_id)
+        self.output_text = text
+        self._check_stop()
+        self._stamp_finish()
+
+    def append_decoded_token(self, token_id: int, tokenizer) -> None:
+        """Record a sampled token, extend the text with what it completes, then check stops.
+
+        The text grows incrementally (`core/detokenizer.py`): a token can complete a character begun
+        by the previous one, and stop strings are searched in the text, so they can span tokens.
+        With `incremental_text=False` and no stop strings it is decoded once, at the end.
+        """
+        self._add_token(token_id)
+        if self.incremental_text or self.sampling_params.stop_strings:
+            self.output_text += self.detokenizer.step(tokenizer, self.output_token_ids)
+        self._check_stop()
+        if self.finished and not isinstance(self.stop_reason, str):
+            # Ended by a token or by length: the text is then exactly decode(output tokens),
+            # including the bytes of a character the last tokens left unfinished (and all of
+            # it, when the text was not followed token by token).
+            self.output_text += self.detokenizer.flush(tokenizer, self.output_token_ids)
+        self._stamp_finish()
+
+    def _stamp_finish(self) -> None:
+        if self.finished:
+            self.metrics.finished_time = self.metrics.token_times[-1]
+
+    def _add_token(self, token_id: int) -> None:
+        now = time.perf_counter()
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = now
+        self.metrics.token_times.append(now)
+        self.output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
+
+    def is_stop_token(self, token_id: int) -> bool:
+        """Whether this token would end the request (a stop token id, or EOS unless ignored)."""
+        params = self.sampling_params
+        return token_id in params.stop_token_ids or (
+            not params.ignore_eos and token_id in self.eos_token_ids
+        )
+
+    def _check_stop(self) -> None:
+        params, token = self.sampling_params, self.output_token_ids[-1]
+        if self.is_stop_token(token):
+            # vLLM's stop_reason: the stop token id, or None when EOS ended it.
+            is_eos = token not in params.stop_token_ids
+            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, None if is_eos else token
+            return
+        for stop in params.stop_strings:
+            at = self.output_text.find(stop)
+            if at != -1:
+                # The stop string is not returned, unless asked for (and then nothing after it).
+                keep = at + len(stop) if params.include_stop_str_in_output else at
+                self.output_text = self.output_text[:keep]
+                self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, stop
+                return
+        if len(self.output_token_ids) >= self.max_new_tokens:
+            self.status = RequestStatus.FINISHED_LENGTH
+
+    def abort(self) -> None:
+        self.status = RequestStatus.FINISHED_ABORTED
+        self.metrics.finished_time = time.perf_counter()
+
+    def to_output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,  # never changes: shared, not copied each step
+            outputs=[self.completion()],
+            finished=self.finished,
+            metrics=self.metrics,
+            prompt_logprobs=self.prompt_logprobs,
+            num_cached_tokens=self.num_cached_tokens or 0,
+        )
+
+    def completion(self) -> CompletionOutput:
+        return CompletionOutput(
+            index=self.index,
+            text=self.output_text,
+            token_ids=list(self.output_token_ids),
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+        )
+
+
+def merge_samples(samples: list[Request], request_id: str) -> RequestOutput:
+    """The n samples of one prompt -> one RequestOutput, outputs indexed 0..n-1 (vLLM's shape).
+    Prompt logprobs come from sample 0 (the only one that computes them); num_cached_tokens
+    adds up the samples' prefix-cache hits (samples 1..n-1 read sample 0's prompt blocks)."""
+    first = samples[0]
+    return RequestOutput(
+        request_id=request_id,
+        prompt=first.prompt,
+        prompt_token_ids=first.prompt_token_ids,
+        outputs=[s.completion() for s in sorted(samples, key=lambda s: s.index)],
+        finished=all(s.finished for s in samples),
+        metrics=first.metrics,
+        prompt_logprobs=first.prompt_logprobs,
+        num_cached_tokens=sum(s.num_cached_tokens or 0 for s in samples),
+    )
+
+
+def _position_dicts(found: TokenLogprobs, tokenizer) -> list[PositionLogprobs]:
+    """vLLM's shape, one dict per position: {chosen id: Logprob(logprob, rank), then the top-k
+    ids: Logprob(logprob, 1..k)}, each with its token decoded on its own."""
+    rows = []
+    for ids, values, rank in zip(found.token_ids, found.logprobs, found.ranks):
+        row: PositionLogprobs = {}
+        for j, (token_id, value) in enumerate(zip(ids, values)):
+            if token_id not in row:
+                text = None if tokenizer is None else tokenizer.decode([token_id])
+                row[token_id] = Logprob(value, rank if j == 0 else j, text)
+        rows.append(row)
+    return rows

@@ -1,0 +1,445 @@
+"""Continuous batching: who runs in the next engine step, and how many tokens each.
+
+Contract: `schedule()` picks work for one step under two limits, `max_num_batched_tokens`
+(tokens computed this step) and `max_num_seqs` (requests in the batch).  There is no "prefill
+phase" or "decode phase": each request simply has tokens whose keys/values are not computed yet
+(`num_tokens - num_computed_tokens`: the whole prompt at first, one token per step later), and
+all requests draw on the same budget (vLLM v1's scheduler):
+
+    1. running requests first, in arrival order; a prompt too long for what is left of the
+       budget is cut into a chunk (chunked prefill);
+    2. if the pool runs out of blocks, the most recently arrived running request is preempted:
+       its blocks are freed and it goes back to the front of the queue, to be recomputed later
+       (so nothing is lost and the oldest requests always make progress);
+    3. then waiting requests, oldest first, reusing cached prefix blocks where they can; whether
+       the queue's head starts is one decision, `admits` (a seat, budget, blocks, no preemption).
+
+That is the "fcfs" policy (the default).  Under `scheduling_policy="priority"` (service tiers,
+`request_queue.py`) both lists are kept in rank order, (priority, arrival), and the step walks
+them merged by rank: a waiting request that outranks a running one is admitted before the
+running one gets its tokens, so batch work (a large priority) gets what interactive work leaves
+of the budget; the request preempted in 2 is the last in rank, batch before interactive; and in
+3 a full batch gives its last-ranked seat to a waiting request that outranks it.
+
+Data flows one way through an engine step, and the scheduler owns both ends of it:
+
+    drafts (spec_decode) ──> schedule(drafts) ──> SchedulerOutput ──> ModelRunner.execute
+                                                                           │ tokens per request
+    release (engine: finish(), the draft's blocks) <── update_from_output(out, sampled) <┘
+
+`update_from_output()` appends each request's sampled tokens (stopping at a stop), sets its
+computed-token count (rolling rejected drafts back) and returns the requests that advanced and
+those that finished; the engine then calls `finish()` for the finished ones.
+
+The output also carries what changed in the block tables, so the runner keeps its own copy
+(`kv_cache.block_table.BlockTable`) without asking the block manager: per scheduled request
+the blocks it already has and the new ones after them, and the requests whose tables were
+released since the last step (`freed_request_ids`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from minilm_engine.core.kv_cache_manager import BlockManager
+from minilm_engine.pluggable import replaceable
+from minilm_engine.core.request import Request, RequestStatus
+from minilm_engine.core.outputs import DraftTokens
+from minilm_engine.core.config import EngineConfig
+from minilm_engine.core.request_queue import RequestOrder
+
+if TYPE_CHECKING:
+    from minilm_engine.core.outputs import ModelRunnerOutput
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step, decided by `schedule()` and fixed from then on.
+
+    The kind of step is stored, not read later from the request: `update_from_output` moves
+    the request on, and a property computed from live state would then answer differently.
+    """
+
+    request: Request
+    num_computed_tokens: int  # tokens already in the cache: this step computes the ones after
+    num_new_tokens: int  # tokens computed this step
+    num_cached_tokens: int  # prefix-cache hit, on the request's first step only (else 0)
+    # Decode = computing the one token sampled last step; anything else fills the cache
+    # (a prompt, a chunk of one, or a preempted request's recompute).
+    is_prefill: bool
+    # After this step every known token is computed, so the step samples a new token (a
+    # chunk of a prompt does not).
+    samples_token: bool
+    # What changed in the request's block table since the runner last saw it: its first
+    # `num_kept_blocks` blocks stay, `new_block_ids` follow (a request's first step, or its
+    # first since it was resumed or moved here, sends the whole table: 0 kept).
+    num_kept_blocks: int
+    new_block_ids: list[int]
+    # Speculative decoding: the drafts verified this step after the request's last token, ids
+    # and the draft's probabilities together (num_new_tokens counts them: 1 + k).
+    draft: DraftTokens | None = None
+
+    @property
+    def spec_token_ids(self) -> list[int]:
+        """The draft's token ids verified this step ([] without speculation)."""
+        return [] if self.draft is None else self.draft.token_ids
+
+
+def is_decoding(request: Request) -> bool:
+    """Every token but the one sampled last is in the cache: the next step is a decode."""
+    return request.num_computed_tokens == request.num_tokens - 1 and len(request.output_token_ids) > 0
+
+
+def schedule_request(
+    request: Request,
+    num_new_tokens: int,
+    num_cached_tokens: int = 0,
+    draft: DraftTokens | None = None,
+    block_update: tuple[int, list[int]] = (0, []),
+) -> ScheduledRequest:
+    """Decide what computing `num_new_tokens` of `request` is, from where it stands now.
+
+    Tokens past the request's own are its drafts (speculative decoding): as many of `draft`'s
+    as fit.  `block_update`: (num_kept_blocks, new_block_ids) of its block table.
+    """
+    num_computed, num_tokens = request.num_computed_tokens, request.num_tokens
+    num_spec = max(0, num_computed + num_new_tokens - num_tokens)
+    verified = draft.truncate(num_spec) if draft is not None and num_spec > 0 else None
+    return ScheduledRequest(
+        request,
+        num_computed,
+        num_new_tokens,
+        num_cached_tokens,
+        is_prefill=not (num_new_tokens == 1 + num_spec and is_decoding(request)),
+        samples_token=num_computed + num_new_tokens == num_tokens + num_spec,
+        num_kept_blocks=block_update[0],
+        new_block_ids=block_update[1],
+        draft=verified,
+    )
+
+
+@replaceable("scheduler.preemption_victim")
+def preemption_victim(candidates: list[Request]) -> Request:
+    """Out of blocks: who gives up theirs.  `candidates` are the running request that needs
+    room and those after it in the running order (arrival, or rank under priority); the ones
+    before have had their turn this step.  The last one, the newest: the oldest requests always
+    make progress, and the newest has the least work to recompute."""
+    return candidates[-1]
+
+
+@dataclass(frozen=True)
+class AdmissionState:
+    """What the waiting queue's head asks for, and what the step has left, when the scheduler
+    reaches it (running requests have had their tokens; earlier admissions theirs)."""
+
+    num_running: int  # requests in the batch now
+    max_num_seqs: int  # the batch's seats
+    num_new_tokens: int  # its tokens that this step's token budget leaves room for (0: none)
+    num_new_blocks: int  # KV blocks those tokens need, beyond its prefix-cache hit
+    num_free_blocks: int  # blocks the pool can hand out now (its hit's free blocks taken)
+    num_preempted: int  # requests preempted earlier in this step (the pool was short)
+
+
+@replaceable("scheduler.admits")
+def admits(state: AdmissionState) -> bool:
+    """Whether the waiting queue's head starts this step.  It needs a seat, tokens in the
+    budget, and blocks for them; and nobody starts in a step that had to preempt: the pool is
+    short, and a newcomer would only push a running request out again next step (thrashing).
+    A head that cannot start holds the queue: fcfs admits nobody behind it (no starvation)."""
+    return (
+        state.num_preempted == 0
+        and state.num_running < state.max_num_seqs
+        and state.num_new_tokens > 0
+        and state.num_new_blocks <= state.num_free_blocks
+    )
+
+
+@replaceable("scheduler.num_tokens_this_step")
+def num_tokens_this_step(
+    num_remaining_tokens: int, num_scheduled_tokens: int, max_num_batched_tokens: int, enable_chunked_prefill: bool
+) -> int:
+    """How many of a request's `num_remaining_tokens` uncomputed tokens run this step, when the
+    requests scheduled before it in this step already take `num_scheduled_tokens` of the
+    `max_num_batched_tokens` budget: all of them if they fit; else, with chunked prefill, a chunk
+    that fills the rest of the budget; without it, none (the prompt waits for a step with room)."""
+    budget = max_num_batched_tokens - num_scheduled_tokens
+    if num_remaining_tokens <= budget:
+        return num_remaining_tokens
+    return budget if enable_chunked_prefill else 0
+
+
+@dataclass
+class StepUpdate:
+    """What `update_from_output` did with one step's tokens."""
+
+    advanced: list[Request] = field(default_factory=list)  # got at least one token, in step order
+    finished: list[Request] = field(default_factory=list)  # of which now finished (to release)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    # Requests whose block tables were released since the last step that ran (finished,
+    # aborted, preempted, detached): the runner drops their rows before this step's updates.
+    freed_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if s.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if not s.is_prefill)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Invariant: every request is in exactly one of `waiting` and `running`, or finished;
+    running requests hold blocks, waiting ones hold none."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.order = RequestOrder(config.scheduling_policy)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        # What the model runner's block tables must still hear about (`SchedulerOutput`):
+        # tables released since the last step that ran, and running requests whose table the
+        # runner has never seen (added with their KV computed: `add_running`).
+        self._freed_request_ids: list[str] = []
+        self._unsent_tables: set[str] = set()
+        # Totals since start, read by the server's /metrics (vLLM's names, without "vllm:").
+        self.num_preemptions = 0
+        self.num_prefix_cache_queries = 0  # prompt tokens looked up when a request is admitted
+        self.num_prefix_cache_hits = 0  # of which found in the prefix cache
+
+    def add_request(self, request: Request) -> None:
+        self.order.arrive(request)
+        self.order.place(self.waiting, request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, drafts: Mapping[str, DraftTokens] | None = None) -> SchedulerOutput:
+        """`drafts[request_id]`: what the draft proposed for a decoding running request."""
+        drafts = drafts or {}
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        i = 0  # running[:i] have had their turn this step
+        admitting = True  # False once the queue's head could not start: the queue waits
+        while budget > 0:
+            request = self.running[i] if i < len(self.running) else None
+            head = self.waiting[0] if admitting and self.waiting else None
+            # fcfs: every running request, then the queue.  priority: whoever ranks first.
+            if head is not None and (request is None or self.order.goes_before(head, request)):
+                # (A seat may be taken only from a request that has not had its turn yet.)
+                num_new = self._admit(head, budget, out, may_take_a_seat=request is not None)  # 3.
+                if num_new is None:
+                    admitting = False  # no seat or no memory for it; running requests go on
+                    continue
+                budget -= num_new
+                i += 1  # it joined running at index i: after those served, before the rest
+            elif request is not None:
+                budget -= self._schedule_running(request, budget, drafts.get(request.request_id), out)
+                if i < len(self.running) and self.running[i] is request:
+                    i += 1  # (else it preempted itself: it was the last, and now waits)
+            else:
+                break
+        if out.scheduled:  # (an empty step runs nothing: the next one carries them)
+            out.freed_request_ids, self._freed_request_ids = self._freed_request_ids, []
+        return out
+
+    def _block_update(self, request_id: str, num_held_blocks: int) -> tuple[int, list[int]]:
+        """(num_kept_blocks, new_block_ids) of a table that held `num_held_blocks` before this
+        step's allocation (the runner holds those, unless it never saw the table)."""
+        if self._unsent_tables and request_id in self._unsent_tables:
+            self._unsent_tables.discard(request_id)
+            num_held_blocks = 0
+        return num_held_blocks, self.block_manager.get_block_table(request_id, start=num_held_blocks)
+
+    def _schedule_running(
+        self, request: Request, budget: int, draft: DraftTokens | None, out: SchedulerOutput
+    ) -> int:
+        """1. A running request's tokens this step (0: nothing to compute, or it was preempted)."""
+        num_computed = request.num_computed_tokens
+        num_new = self._num_tokens_to_compute(
+            request.num_tokens, num_computed, budget, len(draft) if draft is not None else 0
+        )
+        if num_new == 0:
+            return 0
+        # 2. Make room: preempt from the back (newest, or last in rank) until this request fits.
+        num_held_blocks = self.block_manager.num_held_blocks(request.request_id)
+        while True:
+            if self.block_manager.allocate_slots(request.request_id, num_computed, num_new):
+                blocks = self._block_update(request.request_id, num_held_blocks)
+                out.scheduled.append(schedule_request(request, num_new, draft=draft, block_update=blocks))
+                return num_new
+            # Candidates: this request and those after it (the ones before have their tokens).
+            victim = preemption_victim(self.running[self.running.index(request) :])
+            self.running.remove(victim)
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is request:
+                return 0  # it was the last itself: it waits
+
+    def _admit(self, request: Request, budget: int, out: SchedulerOutput, may_take_a_seat: bool = False) -> int | None:
+        """3. Start the waiting `request` with as many tokens as fit; None if it cannot start
+        (no seat, no memory, or memory was short this step: admitting more would only thrash).
+
+        Under priority, a full batch gives up its last-ranked request's seat to a request that
+        outranks it (as vLLM v0's priority scheduler did): an interactive request does not wait
+        for a batch one to finish, and the batch request is recomputed later."""
+        num_preempted = len(out.preempted)  # before a seat is taken below
+        if request.waits_for_prefix and self.block_manager.enable_prefix_caching:
+            return None  # n > 1: its sibling's prompt blocks are about to be cached
+        num_seqs = self.config.max_num_seqs
+        if not num_preempted and len(self.running) >= num_seqs and may_take_a_seat \
+                and self.order.goes_before(request, self.running[-1]):
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim)
+        computed_blocks, num_cached = self.block_manager.get_computed_blocks(
+            request.all_token_ids, request.block_hashes.setdefault(self.block_manager.block_size, [])
+        )
+        if request.skip_reading_prefix_cache:  # prompt logprobs: every position is computed
+            computed_blocks, num_cached = [], 0
+        num_new = self._num_tokens_to_compute(request.num_tokens, num_cached, budget)
+        manager = self.block_manager
+        state = AdmissionState(
+            num_running=len(self.running),
+            max_num_seqs=num_seqs,
+            num_new_tokens=num_new,
+            num_new_blocks=manager.num_blocks_to_allocate(request.request_id, num_cached, num_new, computed_blocks),
+            num_free_blocks=manager.num_free_blocks_beside(computed_blocks),
+            num_preempted=num_preempted,
+        )
+        if not admits(state):  # the decision; what follows carries it out
+            return None
+        if num_new == 0:
+            raise RuntimeError(f"request {request.request_id!r} was admitted with no tokens to compute: {state}")
+        if not manager.allocate_slots(request.request_id, num_cached, num_new, computed_blocks):
+            raise RuntimeError(f"request {request.request_id!r} was admitted but the pool cannot hold it: {state}")
+        self.waiting.popleft()  # `request` is the queue's head
+        self.order.place(self.running, request)
+        self.num_prefix_cache_queries += request.num_tokens
+        self.num_prefix_cache_hits += num_cached
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_cached  # the prefix hit is in the cache already
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_cached
+        out.scheduled.append(
+            schedule_request(request, num_new, num_cached, block_update=self._block_update(request.request_id, 0))
+        )
+        return num_new
+
+    def _num_tokens_to_compute(
+        self, num_tokens: int, num_computed_tokens: int, budget: int, num_spec_tokens: int = 0
+    ) -> int:
+        remaining = num_tokens - num_computed_tokens
+        if remaining == 1 and num_spec_tokens:
+            # A decode with drafts: as many of them as the budget leaves room for.
+            return min(1 + num_spec_tokens, budget)
+        max_num_batched = self.config.max_num_batched_tokens
+        return num_tokens_this_step(
+            remaining, max_num_batched - budget, max_num_batched, self.config.enable_chunked_prefill
+        )
+
+    def _preempt(self, request: Request) -> None:
+        self.num_preemptions += 1
+        self._release_table(request.request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        self.order.requeue(self.waiting, request)
+
+    def update_from_output(
+        self,
+        out: SchedulerOutput,
+        sampled: list[list[int]] | None = None,
+        tokenizer=None,
+        logprobs: ModelRunnerOutput | None = None,
+    ) -> StepUpdate:
+        """The step ran: append its tokens, and its keys/values are in the cache.
+
+        `sampled[i]`: the tokens scheduled request i got (none for a prompt chunk; one; or, with
+        drafts, the accepted ones and one more).  They are appended in order until the request
+        finishes (tokens after a stop are dropped, accepted or not).  Drafts not appended were
+        computed for nothing: the computed count falls back before them and blocks past it are
+        freed.  Then full blocks join the prefix cache.  `sampled=None`: no tokens this step
+        (tests of the scheduler alone append their own).  `logprobs`: the runner's output, whose
+        logprobs (sampled tokens', prompt chunks') go to the requests that asked.
+        """
+        update = StepUpdate()
+        for i, s in enumerate(out.scheduled):
+            r = s.request
+            tokens = sampled[i] if sampled is not None else []
+            if logprobs is not None and logprobs.prompt_logprobs[i] is not None:
+                found = logprobs.prompt_logprobs[i]
+                r.append_prompt_logprobs(found.first_position, found.logprobs, tokenizer)
+            num_appended = 0
+            for token in tokens:
+                r.append_decoded_token(token, tokenizer)
+                num_appended += 1
+                if r.finished:
+                    break
+            if num_appended and logprobs is not None and logprobs.logprobs[i] is not None:
+                r.append_logprobs(logprobs.logprobs[i], tokenizer)
+            rejected = len(s.spec_token_ids) - max(num_appended - 1, 0) if tokens else 0
+            r.num_computed_tokens += s.num_new_tokens - rejected
+            self.block_manager.commit(r.request_id, r.all_token_ids, r.num_computed_tokens)
+            if rejected:
+                self.block_manager.trim(r.request_id, r.num_computed_tokens)
+            if tokens:
+                update.advanced.append(r)
+                if r.finished:
+                    update.finished.append(r)
+        return update
+
+    def finish(self, request: Request) -> None:
+        """Remove a finished or aborted request and free its blocks (now, not later)."""
+        if request in self.running:
+            self.running.remove(request)
+            self._release_table(request.request_id)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.order.leave(request)
+
+    def _release_table(self, request_id: str) -> None:
+        self.block_manager.free(request_id)
+        self._freed_request_ids.append(request_id)
+        self._unsent_tables.discard(request_id)
+
+    # -- KV transfer (distributed/kv_transfer/): requests that move between engines ----------
+
+    def detach(self, request: Request) -> None:
+        """Stop scheduling a running request without freeing its blocks.
+
+        A KV producer (disaggregated prefill) hands a request to another engine once its first
+        token is sampled: the request leaves `running`, and its block table stays in the block
+        manager until the KV has been copied out (the caller then calls `block_manager.free`).
+        """
+        if request not in self.running:
+            raise ValueError(f"request {request.request_id!r} is not running, so it cannot be detached")
+        self.running.remove(request)
+        self.order.leave(request)
+        # Its row in the runner goes; the blocks stay in the manager for the caller.
+        self._freed_request_ids.append(request.request_id)
+        self._unsent_tables.discard(request.request_id)
+
+    def add_running(self, request: Request) -> None:
+        """Admit a request whose KV for its first `num_computed_tokens` tokens is already in its
+        block table (a KV consumer received it): it joins `running` and its next step is a
+        decode.  The caller has checked that it is decoding and that its table is there."""
+        if len(self.running) >= self.config.max_num_seqs:
+            raise ValueError(f"the batch is full ({self.config.max_num_seqs} requests running)")
+        request.status = RequestStatus.RUNNING
+        self.order.arrive(request)  # ranked by its priority, as a new arrival of this engine
+        self.order.place(self.running, request)
+        self._unsent_tables.add(request.request_id)  # its first step sends the whole table

@@ -1,0 +1,1 @@
+"""`minilm-engine ...`: generate, quantize, serve, run-batch and bench serve (`main.py`)."""

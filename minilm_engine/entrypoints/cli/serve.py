@@ -1,0 +1,187 @@
+"""`minilm-engine serve [MODEL] --host 127.0.0.1 --port 8000 [engine options]`, like `vllm serve`,
+and `minilm-engine run-batch -i IN.jsonl -o OUT.jsonl --model MODEL [engine options]`, like
+`vllm run-batch`.
+
+Contract: `add_serve_parser(subparsers)` registers the subcommand (engine options use vLLM's
+flag names); its `run` builds the `LLM` (record_trace off: a server runs for hours) and serves
+until Ctrl-C, returning 2 with the reason on bad arguments (a keys file that does not parse
+included: the message names its line or the key and field).  `--rate-limit-rpm` /
+`--rate-limit-tpm` limit every API key (rate_limit.py); `--api-keys-file` lists the keys
+allowed, each with its own limits.  `add_run_batch_parser` registers run-batch, which writes
+one result line per request (openai/run_batch.py) and returns 0 even when some lines failed
+(their errors are in the output), 2 when it cannot start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from minilm_engine.bench.cli_types import json_object
+from minilm_engine.model.device import cpu_threads_for
+from minilm_engine.entrypoints.llm import LLM
+from minilm_engine.entrypoints import DEFAULT_HOST
+from minilm_engine.entrypoints.rate_limit import RateLimiter, RateLimits, load_keys_file
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `EngineConfig` fields, spelled as vLLM's command line spells them."""
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--num-kv-blocks", type=int, default=None)
+    parser.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV pool")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--attention-backend", default=None, choices=["auto", "torch", "triton"])
+    parser.add_argument("--enforce-eager", action="store_true", default=None)
+    parser.add_argument("--model-backend", default=None, choices=["fused", "reference"],
+                        help="fused (the fast CPU path, where it runs; the default, also from "
+                             "$MINILM_MODEL_BACKEND) or reference (the readable decoder)")
+    parser.add_argument("--speculative-config", type=json_object, default=None,
+                        help='speculative decoding, as vLLM spells it: \'{"model": "noodle-apprentice", '
+                             '"num_speculative_tokens": 3}\'')
+    parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority"],
+                        help="fcfs (default: arrival order) or priority (each request's priority, lower "
+                             "first; the flex service tier after interactive requests)")
+    parser.add_argument("--max-logprobs", type=int, default=None, help="most top logprobs per token (default 20)")
+    parser.add_argument("--max-n", type=int, default=None, help="most samples per prompt, n (default 128)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads on a CPU (default: 1 for a small model, torch's choice otherwise)")
+
+
+ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory",
+                 "gpu_memory_utilization", "enable_prefix_caching", "enable_chunked_prefill",
+                 "attention_backend", "enforce_eager", "speculative_config", "scheduling_policy",
+                 "max_logprobs", "max_n")
+
+
+def llm_from_args(args: argparse.Namespace) -> LLM:
+    engine_args = {name: getattr(args, name) for name in ENGINE_FIELDS if getattr(args, name) is not None}
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed,
+              max_model_len=args.max_model_len, model_backend=getattr(args, "model_backend", None),
+              record_trace=False, **engine_args)
+    if llm.device.type == "cpu":
+        threads = args.threads or cpu_threads_for(llm.num_parameters)
+        if threads is not None:
+            torch.set_num_threads(threads)
+    return llm
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("serve", help="serve MODEL over an OpenAI-compatible HTTP API")
+    parser.add_argument("model", nargs="?", default=None,
+                        help="folder, shipped name or hub id (default: noodle-chef)")
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", nargs="+", action="extend", default=None, metavar="NAME",
+                        help="name(s) clients use in 'model', as vLLM takes them: --served-model-name a b "
+                             "(default: MODEL as given, e.g. Qwen/Qwen3-0.6B)")
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    limits = parser.add_argument_group("rate limits (per API key, 429 with Retry-After over them)")
+    limits.add_argument("--rate-limit-rpm", type=int, default=None, metavar="N",
+                        help="requests per minute for every key (default: unlimited)")
+    limits.add_argument("--rate-limit-tpm", type=int, default=None, metavar="N",
+                        help="tokens per minute for every key: prompt + max_tokens reserved at admission, "
+                             "settled to the real count at completion (default: unlimited)")
+    limits.add_argument("--api-keys-file", default=None, metavar="KEYS.json",
+                        help='the keys allowed and their limits: {"KEY": {"requests_per_minute": 60, '
+                             '"tokens_per_minute": 10000}}; a field left out takes --rate-limit-*; '
+                             "any other key is a 401")
+    limits.add_argument("--rate-limit-period", type=float, default=60.0, metavar="SECONDS",
+                        help="the time the limits count over (default 60: per minute, as their names say; "
+                             "a demo shortens it so that a spike of traffic resolves in seconds)")
+    parser.add_argument("--shutdown-timeout", type=float, default=5.0,
+                        help="seconds in-flight requests get to finish on Ctrl-C before they are aborted")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_engine_arguments(parser)
+    parser.set_defaults(run=run_serve)
+    return parser
+
+
+def rate_limiter_from_args(args: argparse.Namespace) -> RateLimiter | None:
+    """The limiter the flags ask for (None: no limit, no keys file); raises ValueError."""
+    for flag, value in (("--rate-limit-rpm", args.rate_limit_rpm), ("--rate-limit-tpm", args.rate_limit_tpm)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if not args.rate_limit_period > 0:
+        raise ValueError(f"--rate-limit-period must be > 0 seconds, got {args.rate_limit_period}")
+    defaults = RateLimits(args.rate_limit_rpm, args.rate_limit_tpm)
+    if args.api_keys_file is not None:
+        if args.api_key is not None:
+            raise ValueError("give --api-key or --api-keys-file, not both")
+        return RateLimiter(defaults, load_keys_file(args.api_keys_file, defaults), period_s=args.rate_limit_period)
+    return None if defaults.is_unlimited else RateLimiter(defaults, period_s=args.rate_limit_period)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        if not 0 < args.port < 65536:
+            raise ValueError(f"--port must be in 1..65535, got {args.port}")
+        limiter = rate_limiter_from_args(args)  # before the model loads: a bad keys file fails fast
+        llm = llm_from_args(args)
+    except (ValueError, TypeError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"[{llm}, torch threads: {torch.get_num_threads()}]", file=sys.stderr)
+    engine = llm.engine
+    print(engine.kv_budget.describe((1, engine.config.max_num_seqs)), file=sys.stderr)
+    print(f"  max_model_len: {llm.max_model_len:,}"
+          f" ({llm.input_processor.max_model_len_reason or 'the architecture'})", file=sys.stderr)
+    from minilm_engine.entrypoints.openai.api_server import serve  # FastAPI and uvicorn: the "serve" extra
+
+    print(f"[serving on http://{args.host}:{args.port}/v1, Ctrl-C to stop]", file=sys.stderr)
+    serve(llm, args.host, args.port, args.served_model_name, args.api_key, args.shutdown_timeout, args.log_level,
+          limiter)
+    return 0
+
+
+def add_run_batch_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("run-batch", help="run an OpenAI batch file (JSONL) through MODEL")
+    parser.add_argument("-i", "--input-file", required=True,
+                        help='one request a line: {"custom_id", "method": "POST", "url", "body"}')
+    parser.add_argument("-o", "--output-file", required=True, help="results, one JSON line per request")
+    parser.add_argument("--model", default=None, help="folder, shipped name or hub id (default: noodle-chef)")
+    parser.add_argument("--served-model-name", nargs="+", action="extend", default=None, metavar="NAME",
+                        help="name(s) the bodies' 'model' may use (default: MODEL as given)")
+    parser.add_argument("--disable-progress-bar", action="store_true", help="no progress bar on stderr")
+    add_engine_arguments(parser)
+    parser.set_defaults(run=run_run_batch)
+    return parser
+
+
+def run_run_batch(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from minilm_engine.entrypoints.openai.run_batch import run_batch
+
+    try:
+        lines = Path(args.input_file).read_text(encoding="utf-8").splitlines()
+        out = open(args.output_file, "w", encoding="utf-8")  # fails now, not after the whole run
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with out:
+        try:
+            llm = llm_from_args(args)
+        except (ValueError, TypeError, RuntimeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"[{llm}, torch threads: {torch.get_num_threads()}]", file=sys.stderr)
+        results = run_batch(llm, lines, args.served_model_name, progress=not args.disable_progress_bar)
+        for result in results:
+            out.write(json.dumps(result) + "\n")
+    failed = sum(r["error"] is not None for r in results)
+    print(f"[{len(results)} requests: {len(results) - failed} succeeded, {failed} failed -> "
+          f"{args.output_file}]", file=sys.stderr)
+    return 0

@@ -1,0 +1,55 @@
+"""The model's attention context for one engine step over a paged KV cache.
+
+Contract: `PagedAttention(cache, metadata, backend)` is an `AttentionContext` for one step.
+Built before the forward pass, it asks `backend` (`backends.py`: the torch reference or the
+Triton kernels) for the step's plan, once; then for each layer the model calls `attend`, which
+writes the layer's new keys/values into the slots `metadata.slot_mapping` names and attends
+each sequence over its own blocks, both through `backend`, with that one plan:
+
+    PagedAttention(cache, meta, backend)    plan = backend.plan(meta, block_size, H_kv)
+    layer 0: attend(0, q, k, v)             backend.write_kv(...); backend.attend(..., plan)
+    layer 1: attend(1, q, k, v)             backend.write_kv(...); backend.attend(..., plan)
+    ...
+
+`cache` is anything with per-layer lists `k` and `v` of (num_blocks, block_size, H_kv, D)
+tensors (`kv_cache.paged.PagedKVCache`, or the draft's cache): attention reads the tensors and
+owns none, so it imports nothing from `kv_cache/`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from minilm_engine.model.attention.backends import TORCH_BACKEND, AttentionBackend
+from minilm_engine.model.attention.paged import PagedAttentionMetadata
+
+
+class PagedTensors(Protocol):
+    k: list[torch.Tensor]  # per layer: (num_blocks, block_size, H_kv, D)
+    v: list[torch.Tensor]
+
+
+class PagedAttention:
+    """`AttentionContext` for one engine step over a paged cache.
+
+    `backend` (from `attention.backends.get_attention_backend`) plans, writes and attends;
+    None means the torch reference (`model/attention/paged.py`).  All layers share one cache
+    geometry, so the plan made here serves every one of them.
+    """
+
+    def __init__(
+        self, cache: PagedTensors, meta: PagedAttentionMetadata, backend: AttentionBackend | None = None
+    ):
+        self.cache = cache
+        self.meta = meta
+        self.backend = backend if backend is not None else TORCH_BACKEND
+        _, block_size, num_kv_heads, _ = cache.k[0].shape
+        self.plan = self.backend.plan(meta, block_size, num_kv_heads)
+
+    def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
+        # The model gives (1, N, ., D): one flattened row holding every sequence's new tokens.
+        k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
+        self.backend.write_kv(k_cache, v_cache, k[0], v[0], self.meta.slot_mapping)
+        return self.backend.attend(q[0], k_cache, v_cache, self.plan)[None]

@@ -1,0 +1,220 @@
+"""The fast CPU path: fused projections over oneDNN-packed weights, beside the readable decoder.
+
+Contract: `apply_model_backend(model, "fused")` takes a loaded `CausalLM` (loaded name for name
+from the checkpoint, as always) and swaps, in every layer, the attention and the MLP for
+modules doing the same math with fewer, faster matmuls; `model/decoder.py` is untouched, and
+`"reference"` leaves the model as it is.  Where the fast path cannot run (not a CPU, a dtype
+oneDNN does not pack, quantized projections) it warns with the reason and keeps the readable model.
+`resolve_model_backend(None)` reads the default from `$MINILM_MODEL_BACKEND`, "fused" when unset:
+the fast path is on wherever it runs, and a default that cannot run here (a GPU, fp16, quantized
+projections) falls back to the readable model without a warning (it asked for "fused wherever
+it runs", not for this model).  `MINILM_MODEL_BACKEND=reference` runs everything, the whole test
+suite included, on the readable decoder.
+
+    readable (decoder.py)                       fused (this file)
+    x ─ q_proj ─┐                               x ─ qkv_proj (one packed matmul) ─ split ─ q, k, v
+    x ─ k_proj ─┼─ q, k, v
+    x ─ v_proj ─┘                               q, k: one RMSNorm and one rotation over all their heads
+    x ─ gate_proj ─┐                            x ─ gate_up_proj (one packed matmul) ─ split ─ g, u
+    x ─ up_proj ───┴─ down(silu(g) * u)                          down(silu(g) * u)
+    o_proj, down_proj: F.linear                 o_proj, down_proj: packed (bf16)
+    lm_head at one row: F.linear                lm_head at one row: torch.mv (same tied weight)
+
+In bf16 every fused matmul runs over a weight packed once for oneDNN; in fp32 the fused
+weights stay plain matrices for `F.linear` (packing was slower there, below).
+
+Why: at batch 1 a decode step reads every weight once, so its floor is the weight bytes over
+the memory bandwidth.  On an AVX-512 CPU torch's bf16 `F.linear` of one row streams ~16 GB/s
+while a large copy runs ~27 GB/s; the same matmul over a weight packed once into oneDNN's
+blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, what `torch.compile`'s CPU freezing
+does) streams ~24 GB/s, and one matmul instead of three (or two) saves the small calls between
+them.  In fp32 `F.linear` already streams at copy bandwidth and the packed matmul was ~7%
+slower, so fp32 gains only the fusion.  The tied LM head keeps its one copy (packing it would hold a second 311 MB table for
+Qwen3-0.6B): at one row `torch.mv` reads it ~1.4x faster than `F.linear`.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minilm_engine.model.device import native_bf16_matmul
+from minilm_engine.model.decoder import MLP, Attention, CausalLM
+from minilm_engine.model.rope import apply_rotary
+
+MODEL_BACKENDS = ("reference", "fused")
+BACKEND_ENV = "MINILM_MODEL_BACKEND"
+DEFAULT_MODEL_BACKEND = "fused"  # where it cannot run, it falls back quietly (see the module doc)
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class FusedLinear(nn.Module):
+    """y = x W^T + b for one or more `nn.Linear`s of the same input, concatenated along their
+    outputs, as one matmul.  Inference only (no gradient flows).
+
+    In bf16 the weight is packed into oneDNN's blocked layout (opaque: no storage a caller can
+    read); in fp32 it stays a plain matrix for `F.linear`, because there packing measured ~7%
+    slower at one row (MKL's fp32 matrix-vector product already streams at copy bandwidth).
+    `num_weight_bytes` says what it holds (bias included), for `LLM.weight_bytes`."""
+
+    def __init__(self, linears: list[nn.Linear]):
+        super().__init__()
+        weight = torch.cat([lin.weight.detach() for lin in linears])  # (sum of out, in)
+        biases = [lin.bias for lin in linears]
+        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        self.num_weight_bytes = sum(t.numel() * t.element_size() for t in (weight, self.bias) if t is not None)
+        self.packed = weight.dtype == torch.bfloat16
+        # Packed for one row (decode); measured as fast as any other hint at 4, 16 and 512 rows.
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if self.packed else weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+class HeadwiseRMSNorm(nn.Module):
+    """Several `decoder.RMSNorm`s of one size applied at once, one per head: x (..., heads, D)
+    -> head h normalised with norms[h]'s weight, by `decoder.RMSNorm`'s steps (the same bits)."""
+
+    def __init__(self, norms: list):
+        super().__init__()
+        eps = {norm.eps for norm in norms}
+        if len(eps) != 1:
+            raise ValueError(f"the norms have different eps {sorted(eps)}: they cannot run as one")
+        self.eps = eps.pop()
+        weight = torch.stack([norm.weight.detach() for norm in norms])  # (heads, D)
+        self.register_buffer("weight", weight, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class FusedAttention(nn.Module):
+    """`decoder.Attention` with q, k and v from one matmul, and q and k normalised and rotated
+    together: the same element-wise arithmetic as the readable model on every element (so the
+    same bits), in half the small ops.  Why: at one row each small op costs its call overhead,
+    not its arithmetic, and a layer had two of each (q's and k's)."""
+
+    def __init__(self, attn: Attention):
+        super().__init__()
+        self.layer_idx = attn.layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.qkv_proj = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o_proj = FusedLinear([attn.o_proj])
+        self.qk_dim = (self.num_heads + self.num_kv_heads) * self.head_dim  # q and k, side by side
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        # Kept as the checkpoint's weights (`LLM.weight_bytes` counts them); the step runs
+        # their per-head expansion, `qk_norm`.
+        if q_norm is not None:
+            self.q_norm, self.k_norm = q_norm, k_norm
+        self.qk_norm = None if q_norm is None else HeadwiseRMSNorm(
+            [q_norm] * self.num_heads + [k_norm] * self.num_kv_heads)
+
+    def forward(self, x, cos, sin, attn) -> torch.Tensor:
+        B, T, _ = x.shape
+        qkv = self.qkv_proj(x)  # (B, T, (H + 2 H_kv) D)
+        qk = qkv[..., : self.qk_dim].view(B, T, self.num_heads + self.num_kv_heads, self.head_dim)
+        v = qkv[..., self.qk_dim :].view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
+        if self.qk_norm is not None:
+            qk = self.qk_norm(qk)
+        qk = apply_rotary(qk, cos, sin)  # (B, T, H + H_kv, D)
+        q, k = qk[:, :, : self.num_heads], qk[:, :, self.num_heads :]
+        out = attn.attend(self.layer_idx, q, k, v)  # (B, T, H, D)
+        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+
+
+class FusedMLP(nn.Module):
+    """`decoder.MLP` (SwiGLU) with gate and up from one matmul."""
+
+    def __init__(self, mlp: MLP):
+        super().__init__()
+        self.intermediate_size = mlp.gate_proj.out_features
+        self.gate_up_proj = FusedLinear([mlp.gate_proj, mlp.up_proj])
+        self.down_proj = FusedLinear([mlp.down_proj])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class MatVecHead(nn.Module):
+    """The LM head over the same weight (tied or not; no copy): `torch.mv` at one row, where it
+    reads the table faster than `F.linear`, `F.linear` otherwise."""
+
+    def __init__(self, head: nn.Linear):
+        super().__init__()
+        self.weight = head.weight  # (V, hidden), the same Parameter: a tied table stays one
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] == 1:
+            return torch.mv(self.weight, x[0])[None]  # (1, V)
+        return F.linear(x, self.weight)
+
+
+def fused_unavailable(model: CausalLM) -> str | None:
+    """Why the fused path cannot run on `model`, or None when it can."""
+    if model.device.type != "cpu":
+        return f"it is a CPU path and the model is on {model.device}"
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    if model.dtype not in PACKABLE_DTYPES:
+        return f"oneDNN packs fp32 and bf16 weights here, and the model is {model.dtype}"
+    if model.dtype == torch.bfloat16 and not native_bf16_matmul():
+        return "this CPU has no bf16 support in oneDNN"
+    layer = model.model.layers[0]
+    if type(layer.self_attn.q_proj) is not nn.Linear or type(layer.mlp.up_proj) is not nn.Linear:
+        return (f"the projections are {type(layer.self_attn.q_proj).__name__}, not nn.Linear "
+                "(quantized models keep their own kernels)")
+    return None
+
+
+@torch.no_grad()
+def fuse_for_cpu(model: CausalLM) -> CausalLM:
+    """Swap every layer's attention and MLP for the fused modules, and the head for `MatVecHead`,
+    in place.  The old projection weights are dropped (the packed copies replace them)."""
+    for layer in model.model.layers:
+        layer.self_attn = FusedAttention(layer.self_attn)
+        layer.mlp = FusedMLP(layer.mlp)
+    if type(model.lm_head) is nn.Linear and model.lm_head.bias is None:
+        model.lm_head = MatVecHead(model.lm_head)
+    return model
+
+
+def resolve_model_backend(requested: str | None) -> tuple[str, bool]:
+    """(backend, asked for explicitly): `requested`, or `$MINILM_MODEL_BACKEND` when it is None."""
+    if requested is not None:
+        return requested, True
+    backend = os.environ.get(BACKEND_ENV, DEFAULT_MODEL_BACKEND)
+    if backend not in MODEL_BACKENDS:
+        raise ValueError(f"${BACKEND_ENV} must be one of {MODEL_BACKENDS}, got {backend!r}")
+    return backend, False
+
+
+def apply_model_backend(model: CausalLM, backend: str, warn: bool = True) -> str:
+    """Apply `backend` ("reference" or "fused") to a loaded model; returns the one in use.
+    `warn`: say why where "fused" falls back (False: fall back quietly)."""
+    if backend not in MODEL_BACKENDS:
+        raise ValueError(f"model_backend must be one of {MODEL_BACKENDS}, got {backend!r}")
+    if backend == "reference":
+        return backend
+    reason = fused_unavailable(model)
+    if reason is not None:
+        if warn:
+            warnings.warn(f"model_backend='fused' falls back to the readable model: {reason}", stacklevel=3)
+        return "reference"
+    fuse_for_cpu(model)
+    return backend
+
+
+def fused_weight_bytes(model: nn.Module) -> int:
+    """Bytes held in fused weights (not parameters, and packed ones are opaque: invisible to
+    `quantization.weight_bytes`)."""
+    return sum(m.num_weight_bytes for m in model.modules() if isinstance(m, FusedLinear))

@@ -1,0 +1,135 @@
+"""The step's block tables, kept between steps (vLLM's worker-side `BlockTable`).
+
+Contract: `BlockTable` holds every scheduled request's table as a row of one array, updated by
+what changed each step, and applies `core.kv_cache_utils.slot_mapping`'s formula to a whole step
+at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from minilm_engine.pluggable import replaceable
+
+
+class BlockTable:
+    """Every scheduled request's block table, one row each, kept from step to step (vLLM's
+    worker-side `BlockTable`): a step changes only the rows that got blocks, and reads the rows
+    it runs with a single gather, instead of rebuilding every table from Python lists.
+
+        row_of = {"A": 0, "B": 1}       num_blocks = [3, 1]
+        block_ids (max_num_reqs, max_num_blocks):
+            row 0   [7  2  5  .  .]      A's table
+            row 1   [4  .  .  .  .]      B's table      (cells past num_blocks: stale, never read)
+
+    `update(request_id, num_kept_blocks, new_block_ids)` applies what the scheduler says changed
+    (`ScheduledRequest`): the first `num_kept_blocks` of the row stay, `new_block_ids` follow
+    them, and the row's length becomes their sum (a table trimmed after rejected drafts is
+    therefore shortened by the next update).  A request with no row must send its whole table
+    (`num_kept_blocks == 0`); `remove` frees the row of a request that finished, was preempted
+    or left.  Rows and columns grow when a step needs more (rare: sized for `max_num_seqs` and
+    `max_model_len`).
+
+    Invariant: for every request with a row, `block_ids[row, :num_blocks[row]]` equals its table
+    in the block manager whenever the scheduler's output has been applied.
+    """
+
+    def __init__(self, max_num_reqs: int, max_num_blocks: int, block_size: int):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        # numpy on the host: its small operations cost a fraction of torch's, and the step's
+        # tensors are made from it with one copy each (torch.from_numpy shares the memory).
+        self.block_ids = np.zeros((max(1, max_num_reqs), max(1, max_num_blocks)), dtype=np.int64)
+        self.num_blocks = np.zeros(self.block_ids.shape[0], dtype=np.int64)  # (max_num_reqs,)
+        self.row_of: dict[str, int] = {}
+        self._free_rows = list(range(self.block_ids.shape[0] - 1, -1, -1))  # pop() gives row 0 first
+
+    @classmethod
+    def of(cls, tables: Sequence[Sequence[int]], block_size: int) -> BlockTable:
+        """A table whose row i holds `tables[i]` (request ids "0", "1", ...), for callers that
+        keep their tables as lists (the draft proposer)."""
+        table = cls(len(tables), max((len(t) for t in tables), default=1), block_size)
+        for i, block_ids in enumerate(tables):
+            table.update(str(i), 0, block_ids)
+        return table
+
+    def update(self, request_id: str, num_kept_blocks: int, new_block_ids: Sequence[int]) -> int:
+        """Keep the row's first `num_kept_blocks`, append `new_block_ids`; -> the row."""
+        row = self.row_of.get(request_id)
+        if row is None:
+            if num_kept_blocks != 0:
+                raise ValueError(
+                    f"request {request_id!r} has no row yet: its first update must carry its whole "
+                    f"table (num_kept_blocks=0), got num_kept_blocks={num_kept_blocks}"
+                )
+            if not self._free_rows:
+                self._grow(num_rows=2 * self.block_ids.shape[0])
+            row = self.row_of[request_id] = self._free_rows.pop()
+        elif num_kept_blocks > self.num_blocks[row]:
+            raise ValueError(
+                f"request {request_id!r}: cannot keep {num_kept_blocks} blocks, its row holds "
+                f"{int(self.num_blocks[row])}"
+            )
+        end = num_kept_blocks + len(new_block_ids)
+        if end > self.block_ids.shape[1]:
+            self._grow(num_cols=max(end, 2 * self.block_ids.shape[1]))
+        if new_block_ids:
+            self.block_ids[row, num_kept_blocks:end] = new_block_ids
+        self.num_blocks[row] = end
+        return row
+
+    def remove(self, request_id: str) -> None:
+        """Free the request's row; an id without one is ignored (it never ran here)."""
+        row = self.row_of.pop(request_id, None)
+        if row is not None:
+            self.num_blocks[row] = 0
+            self._free_rows.append(row)
+
+    def get_row(self, request_id: str) -> list[int]:
+        """The request's table as a list (for tests and traces)."""
+        row = self.row_of[request_id]
+        return self.block_ids[row, : self.num_blocks[row]].tolist()
+
+    def slot_mapping(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """(N,), (N,) -> (N,): `step_slot_mapping` (below) for this table."""
+        return step_slot_mapping(self, rows, positions)
+
+    def _slot_mapping(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Cache slot of token positions (N,) of the requests in `rows` (N,): the function
+        `slot_mapping` above, for a whole step at once.  Raises if a position lies past its
+        row's blocks (the scheduler allocated too little, or the update was not applied)."""
+        block_index = positions // self.block_size
+        if (block_index >= self.num_blocks[rows]).any():
+            bad = int(np.flatnonzero(block_index >= self.num_blocks[rows])[0])
+            request_id = next(rid for rid, row in self.row_of.items() if row == rows[bad])
+            raise ValueError(
+                f"request {request_id!r}: position {int(positions[bad])} lies past its "
+                f"{int(self.num_blocks[rows[bad]])} blocks of {self.block_size}"
+            )
+        return self.block_ids[rows, block_index] * self.block_size + positions % self.block_size
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """(S, width) the tables of `rows`, `width` the longest of them (cells past a row's
+        length are stale block ids: readers stop at the context length)."""
+        width = int(self.num_blocks[rows].max()) if len(rows) else 0
+        return self.block_ids[rows, :width]
+
+    def _grow(self, num_rows: int | None = None, num_cols: int | None = None) -> None:
+        old_rows, old_cols = self.block_ids.shape
+        num_rows, num_cols = num_rows or old_rows, num_cols or old_cols
+        grown = np.zeros((num_rows, num_cols), dtype=np.int64)
+        grown[:old_rows, :old_cols] = self.block_ids
+        self.block_ids = grown
+        self.num_blocks = np.concatenate([self.num_blocks, np.zeros(num_rows - old_rows, dtype=np.int64)])
+        self._free_rows = list(range(num_rows - 1, old_rows - 1, -1)) + self._free_rows
+
+
+@replaceable("kv_cache.step_slot_mapping")
+def step_slot_mapping(table: BlockTable, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The slots of one step's tokens (`BlockTable.slot_mapping`): a named piece, so that a
+    replacement written for one sequence at a time (`slot_mapping`'s signature) can run in the
+    engine's step (`course/teaching/build_pieces.py` adapts it)."""
+    return table._slot_mapping(rows, positions)

@@ -1,0 +1,148 @@
+"""One engine step on the model: flatten the scheduled tokens, run, sample.
+
+Contract: `ModelRunner.execute(scheduler_output)` computes keys/values for every
+scheduled token into the paged cache and returns a `ModelRunnerOutput`: per scheduled request,
+the tokens to append (one sampled token, none when the step only computed part of a prompt (a
+chunk), or, for a request verifying drafts (speculative decoding), the accepted drafts and one
+more token), with their logprobs and this chunk's prompt logprobs where the request asked.
+Prompt logprobs take the logits of every prompt row of the chunk, so only requests that ask
+pay for them.  The block tables come from the scheduler's output too: the runner keeps them in
+a `BlockTable` (one row per request, kept between steps) and applies what changed (rows freed,
+new blocks appended); it never asks the block manager.
+
+    scheduled:    A: 4 prompt tokens   B: 1 decode token   C: 2 of 5 prompt tokens (a chunk)
+    input_ids:    [ a0 a1 a2 a3 | b7 | c0 c1 ]          one row, no padding
+    positions:    [  0  1  2  3 |  7 |  0  1 ]
+    logits taken at:         ^a3   ^b7          (C samples nothing until its prompt is done)
+
+    with D verifying 2 drafts:   [ ... | d9 x1 x2 | ... ]    logits at d9, x1 and x2
+                                                             (`worker/spec_decode/rejection_sampler.py`)
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from minilm_engine.model.attention.backends import AttentionBackend
+from minilm_engine.model.attention.context import PagedAttention
+from minilm_engine.model.attention.paged import PagedAttentionMetadata
+from minilm_engine.worker.block_table import BlockTable
+from minilm_engine.worker.input_batch import Chunk, flatten_chunks
+from minilm_engine.model.attention.kv_cache import PagedKVCache
+from minilm_engine.model import CausalLM
+from minilm_engine.worker.sampler import gather_logprobs, sample_requests
+from minilm_engine.worker.spec_decode.rejection_sampler import rejection_sample
+from minilm_engine.worker.cuda_graphs import DecodeGraphRunner
+from minilm_engine.core.scheduler import SchedulerOutput
+from minilm_engine.core.outputs import PromptLogprobs, ModelRunnerOutput
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        cache: PagedKVCache,
+        block_table: BlockTable,  # the runner's own: rows follow the scheduler's output
+        attention_backend: AttentionBackend | None = None,  # None: the torch reference
+        decode_graphs: DecodeGraphRunner | None = None,  # None: every step runs eagerly
+    ):
+        self.model = model
+        self.cache = cache
+        self.block_table = block_table
+        self.attention_backend = attention_backend
+        self.decode_graphs = decode_graphs
+
+    def prepare(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
+        """Apply the step's block-table changes, then build (input_ids (N,), positions (N,),
+        metadata) for the flattened step."""
+        table = self.block_table
+        for request_id in sched.freed_request_ids:
+            table.remove(request_id)
+        chunks = []
+        for s in sched.scheduled:
+            rid = s.request.request_id
+            table.update(rid, s.num_kept_blocks, s.new_block_ids)
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+            # A speculating decode computes its last token, then its drafts after it.
+            token_ids = s.request.all_token_ids[start : end - len(s.spec_token_ids)] + s.spec_token_ids
+            chunks.append(Chunk(rid, token_ids, start))
+        return flatten_chunks(chunks, table.block_size, self.model.device, table)
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """A verifying request's `draft` carries its ids and, for a sampling request, the
+        draft's (k, V) distributions (speculative decoding; greedy requests need none)."""
+        # Triton launches, and graph replays, go to the *current* CUDA device: make it the
+        # model's (it may be cuda:1).
+        device = self.model.device
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            return self._execute(sched)
+
+    def _execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        input_ids, positions, meta = self.prepare(sched)
+        scheduled = sched.scheduled
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.can_run(len(input_ids), meta):
+            hidden = graphs.run(input_ids, positions, meta)  # (N, hidden), N == num_seqs
+        else:
+            attn = PagedAttention(self.cache, meta, self.attention_backend)
+            hidden = self.model(input_ids[None], positions[None], attn)[0]  # (N, hidden)
+        results: list[list[int]] = [[] for _ in scheduled]
+        out = ModelRunnerOutput(results, [None] * len(scheduled), self._prompt_logprobs(scheduled, hidden, meta))
+        # Only sequences whose every known token is now computed get a next token: a plain one
+        # from the logits at its last row, a verifying one from the rows of its last token and
+        # its k drafts.  All of them go through the LM head in one matmul.
+        plain = [i for i, s in enumerate(scheduled) if s.samples_token and s.draft is None]
+        verifying = [i for i, s in enumerate(scheduled) if s.draft is not None]
+        if not plain and not verifying:
+            return out
+        rows = meta.query_start_loc[1:][plain] - 1  # (num_plain,) each plain request's last row
+        if verifying:
+            ends = meta.query_start_loc[1:][verifying].tolist()
+            spans = [r for i, end in zip(verifying, ends) for r in range(end - 1 - len(scheduled[i].draft), end)]
+            rows = torch.cat([rows, torch.tensor(spans, device=rows.device)])
+        logits = self.model.compute_logits(hidden[rows])  # (num_plain + sum of k + 1, V)
+        if plain:
+            sampled = sample_requests(logits[: len(plain)], [scheduled[i].request for i in plain])
+            for i, token, logprobs in zip(plain, sampled.token_ids.tolist(), sampled.logprobs):
+                results[i] = [token]
+                out.logprobs[i] = logprobs
+        if verifying:
+            self._verify(scheduled, verifying, logits[len(plain) :], results)
+        return out
+
+    def _prompt_logprobs(self, scheduled, hidden: torch.Tensor, meta) -> list[PromptLogprobs | None]:
+        """For the requests that asked: row j of a chunk starting at position p scores the
+        prompt token at p + j + 1 (the last prompt row scores the first output: not a prompt
+        logprob), in float32 log-softmax of the raw logits."""
+        found: list[PromptLogprobs | None] = [None] * len(scheduled)
+        asking = [i for i, s in enumerate(scheduled) if s.request.sampling_params.prompt_logprobs is not None]
+        starts = meta.query_start_loc.tolist() if asking else None
+        for i in asking:
+            s = scheduled[i]
+            k = s.request.sampling_params.prompt_logprobs
+            end = min(s.num_computed_tokens + s.num_new_tokens, s.request.num_prompt_tokens - 1)
+            if end <= s.num_computed_tokens:
+                continue  # a decode step, or a chunk holding only the prompt's last token
+            num_rows = end - s.num_computed_tokens
+            logits = self.model.compute_logits(hidden[starts[i] : starts[i] + num_rows])  # (num_rows, V)
+            targets = s.request.prompt_token_ids[s.num_computed_tokens + 1 : end + 1]
+            chosen = torch.tensor(targets, dtype=torch.long, device=logits.device)
+            logprobs = gather_logprobs(torch.log_softmax(logits.float(), dim=-1), chosen, k)
+            found[i] = PromptLogprobs(s.num_computed_tokens + 1, logprobs)
+        return found
+
+    def _verify(self, scheduled, verifying, logits, results) -> None:
+        """Speculative decoding: `logits` (sum of k + 1, V) at the last k + 1 rows of each
+        verifying request (its last token and its k drafts), then the rejection sampler per
+        request."""
+        offset = 0
+        for i in verifying:
+            s = scheduled[i]
+            k = len(s.draft)
+            results[i] = rejection_sample(
+                s.draft, logits[offset : offset + k + 1], s.request.sampling_params, s.request.generator
+            )
+            offset += k + 1

@@ -1,0 +1,210 @@
+"""The draft model's side of speculative decoding: propose up to K tokens per request.
+
+Contract: `DraftModelProposer.propose(requests, num_drafts)` returns, for each request, up to
+`num_drafts[i]` tokens that may follow its tokens so far (with the draft's probabilities for
+sampling requests).  The draft keeps its own keys and values in its own paged cache, with its
+own block pool and block tables (the same machinery as the target's, in `kv_cache/`); after the
+target has verified a round, `rollback(request)` drops what the draft computed for rejected
+tokens, and `free(request_id)` releases a finished, aborted or preempted request's blocks.
+
+How a round runs for one request with tokens t0..t9 (t9 sampled last step, not yet computed by
+the target), K = 3, and a draft that has computed t0..t7:
+
+    pass 1  catch up  feed t8 t9      (everything the draft has not seen)  -> d1
+    pass 2            feed d1                                              -> d2
+    pass 3            feed d2                                              -> d3
+
+Every pass is one forward of the draft over all proposing requests at once (pass 1 is a flat
+batch of chunks of different lengths, passes 2.. are one token each).  d3's keys and values are
+never computed: if the target accepts it, the next round's pass 1 catches up over it.  The
+catch-up also covers a request's first round (the draft then reads the whole prompt, taking
+prefix-cache hits in its own pool) and the first round after a preemption.
+
+Why the draft may hold fewer tokens than the target: it computes nothing for prompt chunks, and
+a request whose draft pool is short of blocks simply proposes fewer tokens this round (nothing
+is lost; the target decodes as without speculation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minilm_engine.model.attention.backends import AttentionBackend
+from minilm_engine.worker.input_batch import Chunk, flatten_chunks
+from minilm_engine.core.kv_cache_manager import BlockManager
+from minilm_engine.core.block_pool import BlockPool
+from minilm_engine.model.attention.context import PagedAttention
+from minilm_engine.model.attention.kv_cache import PagedKVCache
+from minilm_engine.model import CausalLM, load_model, resolve_model_path
+from minilm_engine.core.request import Request
+from minilm_engine.worker.sampler import sampling_probs
+from minilm_engine.core.speculative_config import SpeculativeConfig, check_draft_fits_target
+from minilm_engine.core.outputs import DraftTokens
+
+
+def load_draft_model(config: SpeculativeConfig, target: CausalLM, target_tokenizer, max_model_len: int) -> CausalLM:
+    """Load the draft named in `config` beside the target (same device and dtype), after
+    checking it can draft for it (`check_draft_fits_target`): a clear error at construction."""
+    folder = resolve_model_path(config.model)
+    draft = load_model(folder, dtype=target.dtype, device=target.device)
+    draft_tokenizer = None
+    if any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        from transformers import AutoTokenizer
+
+        draft_tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    check_draft_fits_target(
+        draft.config, target.config, draft_tokenizer, target_tokenizer, max_model_len,
+        # from the shapes: a quantized model keeps its projection weights as buffers
+        draft_num_parameters=draft.config.num_parameters(),
+        target_num_parameters=target.config.num_parameters(),
+    )
+    return draft
+
+
+def num_drafts_wanted(request: Request, num_speculative_tokens: int) -> int:
+    """Tokens worth drafting: K, or fewer near the end (a round yields up to drafts + 1 tokens,
+    so a request with m tokens left to produce, by max_tokens or context, drafts m - 1)."""
+    num_left = request.max_new_tokens - len(request.output_token_ids)
+    return max(0, min(num_speculative_tokens, num_left - 1))
+
+
+STOP_WINDOW = 8  # output tokens decoded before the drafts when looking for a stop string
+
+
+def ends_request(request: Request, drafted: list[int], tokenizer=None) -> bool:
+    """Whether the request would end at its last drafted token: a stop token (EOS unless
+    ignored, `stop_token_ids`) or, given a tokenizer, a stop string the drafts complete.
+
+    Only a shortcut (drafting past the end is wasted work): the engine ends the request exactly
+    where it should when it appends the verified tokens.  The text checked is the last few
+    output tokens and the drafts; no stop string is in the output so far (it would have ended).
+    """
+    if request.is_stop_token(drafted[-1]):
+        return True
+    stops = request.sampling_params.stop_strings
+    if not stops or tokenizer is None:
+        return False
+    text = tokenizer.decode(request.output_token_ids[-STOP_WINDOW:] + drafted)
+    return any(stop in text for stop in stops)
+
+
+class DraftModelProposer:
+    """Invariant: `num_computed_tokens[rid]` tokens of request rid have keys/values in the
+    draft's cache, and its block table holds exactly the blocks they need after each round."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        attention_backend: AttentionBackend | None = None,
+        tokenizer=None,  # to stop drafting at a stop string (optional)
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.block_pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self.block_manager = BlockManager(self.block_pool, block_size, enable_prefix_caching)
+        self.cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, model.device)
+        self.attention_backend = attention_backend
+        self.num_computed_tokens: dict[str, int] = {}
+
+    # -- a round ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def propose(self, requests: list[Request], num_drafts: list[int]) -> list[DraftTokens]:
+        """For each request, up to num_drafts[i] tokens to follow request.all_token_ids."""
+        proposals = [DraftTokens([]) for _ in requests]
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        # 1. Catch up: every token the draft has not computed yet, up to the request's last.
+        active, chunks = [], []
+        for i, request in enumerate(requests):
+            if num_drafts[i] > 0:
+                start = self._allocate_catch_up(request)
+                if start is not None:
+                    active.append(i)
+                    chunks.append(self._chunk(request.request_id, request.all_token_ids[start:], start))
+        while active:
+            logits = self._forward(chunks)  # (len(active), V) at each chunk's last token
+            best = logits.argmax(dim=-1).tolist()  # the greedy requests' drafts, in one call
+            for row, i in enumerate(active):
+                request = requests[i]
+                token = best[row] if request.sampling_params.greedy else self._sample(logits[row], request, probs[i])
+                proposals[i].token_ids.append(token)
+            # 2. Feed each draft back for the next one, while a request wants more.
+            next_active, chunks = [], []
+            for i in active:
+                request, drafted = requests[i], proposals[i].token_ids
+                rid = request.request_id
+                if len(drafted) >= num_drafts[i] or ends_request(request, drafted, self.tokenizer):
+                    continue  # enough, or the request would end at this token anyway
+                position = self.num_computed_tokens[rid]
+                if not self.block_manager.allocate_slots(rid, position, 1):
+                    continue  # draft pool short: propose what we have
+                next_active.append(i)
+                chunks.append(self._chunk(rid, [drafted[-1]], position))
+            active = next_active
+        for i, rows in enumerate(probs):
+            if rows:
+                proposals[i].probs = torch.stack(rows)  # (k, V)
+        return proposals
+
+    def _allocate_catch_up(self, request: Request) -> int | None:
+        """Slots for the tokens the draft has not computed; returns where they start, or None
+        when the draft's pool is short (the request then proposes nothing this round)."""
+        rid, manager = request.request_id, self.block_manager
+        if rid not in self.num_computed_tokens:
+            # First round, or the first since a preemption: reuse the draft's own prefix cache.
+            blocks, num_cached = manager.get_computed_blocks(
+                request.all_token_ids, request.block_hashes.setdefault(manager.block_size, [])
+            )
+            if not manager.allocate_slots(rid, num_cached, request.num_tokens - num_cached, blocks):
+                return None
+            self.num_computed_tokens[rid] = num_cached
+            return num_cached
+        start = self.num_computed_tokens[rid]
+        if not manager.allocate_slots(rid, start, request.num_tokens - start):
+            return None
+        return start
+
+    def _sample(self, logits: torch.Tensor, request: Request, probs: list[torch.Tensor]) -> int:
+        """logits: (V,) -> a sampling request's draft, drawn from q; q is kept for the target."""
+        q = sampling_probs(logits, request.sampling_params)  # (V,)
+        probs.append(q)
+        return int(torch.multinomial(q, 1, generator=request.generator))
+
+    def _chunk(self, request_id: str, token_ids: list[int], start: int) -> Chunk:
+        """A chunk over the draft's own block table (its slots were allocated before)."""
+        return Chunk(request_id, token_ids, start, self.block_manager.get_block_table(request_id))
+
+    def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        """-> (num_chunks, V) logits at each chunk's last token.  Writes the chunks'
+        keys/values into the draft's cache."""
+        ids, pos, meta = flatten_chunks(chunks, self.block_manager.block_size, self.model.device)
+        for chunk in chunks:
+            self.num_computed_tokens[chunk.request_id] = chunk.end
+        attn = PagedAttention(self.cache, meta, self.attention_backend)
+        hidden = self.model(ids[None], pos[None], attn)[0]  # (N, hidden)
+        return self.model.compute_logits(hidden[meta.query_start_loc[1:] - 1])
+
+    # -- after the target's verdict ---------------------------------------------------------
+
+    def rollback(self, request: Request) -> None:
+        """Keep only the draft's keys/values of tokens the request really has.
+
+        After verification the target has computed `request.num_computed_tokens` tokens, all of
+        them real (accepted drafts included); the draft's positions past that held rejected
+        drafts.  Full blocks of real tokens join the draft's prefix cache.
+        """
+        rid = request.request_id
+        if rid not in self.num_computed_tokens:
+            return
+        num_valid = min(self.num_computed_tokens[rid], request.num_computed_tokens)
+        self.num_computed_tokens[rid] = num_valid
+        self.block_manager.commit(rid, request.all_token_ids, num_valid)
+        self.block_manager.trim(rid, num_valid)
+
+    def free(self, request_id: str) -> None:
+        """Release the request's draft blocks (finished, aborted or preempted); idempotent."""
+        if self.num_computed_tokens.pop(request_id, None) is not None:
+            self.block_manager.free(request_id)
