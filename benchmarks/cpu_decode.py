@@ -1,7 +1,7 @@
 """Batch-1 decode on a laptop-class CPU: this engine vs `transformers.generate` vs the floor.
 
 Issue 22's table, measured in one process on a Qwen3-0.6B configuration (shapes from
-`model/known_configs.py`) with random weights, written once as a bf16 checkpoint that every
+`course/known_configs.py`) with random weights, written once as a bf16 checkpoint that every
 system loads:
 
     1. batch-1 greedy decode after a 16-token prompt (48 tokens; the prefill is left out):
@@ -57,7 +57,7 @@ from llama_cpp_baseline import build_ggufs, find_converter, llama_cpp_skip_reaso
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.course.experiments.batching import measure_copy_bandwidth
 from minilm_engine.course.experiments.quantization import write_random_qwen3
-from minilm_engine.model.known_configs import KNOWN_CONFIGS
+from minilm_engine.course.known_configs import KNOWN_CONFIGS
 
 MODEL_ID = QWEN3_0_6B
 CHEF = "noodle-chef"

@@ -43,7 +43,7 @@ from minilm_engine.model.attention import context as attention_context
 from minilm_engine.worker import model_runner
 from minilm_engine.course.experiments.quantization import write_random_qwen3
 from minilm_engine.model import decoder, fused_cpu
-from minilm_engine.model.known_configs import KNOWN_CONFIGS
+from minilm_engine.course.known_configs import KNOWN_CONFIGS
 
 CATEGORIES = ("matmul", "attention", "norms", "rotary", "sampling")
 

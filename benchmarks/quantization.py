@@ -1,6 +1,6 @@
 """Weight-only quantization, measured: bytes, and batch-1 (and batch-16) decode speed.
 
-A Qwen3-0.6B configuration (shapes from `model/known_configs.py`) with random weights, written
+A Qwen3-0.6B configuration (shapes from `course/known_configs.py`) with random weights, written
 by this script as a bf16 checkpoint, then quantized with `minilm-engine quantize`'s own function
 (round to nearest; calibration changes quality, not bytes or speed):
 
@@ -50,7 +50,7 @@ from common import QUICK_OVERRIDES, QWEN3_0_6B, add_threads_option, apply_thread
 
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.course.experiments.quantization import Setting, decode_speed_table, write_random_qwen3
-from minilm_engine.model.known_configs import KNOWN_CONFIGS
+from minilm_engine.course.known_configs import KNOWN_CONFIGS
 from minilm_engine.entrypoints.cli.quantize import quantize_checkpoint
 
 MODEL_ID = QWEN3_0_6B

@@ -1,6 +1,6 @@
 """Output tokens/s on the workload small-engine projects compare on, against `transformers`.
 
-A Qwen3-0.6B configuration (shapes from `model/known_configs.py`) with random weights, so
+A Qwen3-0.6B configuration (shapes from `course/known_configs.py`) with random weights, so
 nothing is downloaded; greedy decoding, EOS ignored, seed 0 for everything:
 
     A. 256 requests, input lengths uniform in [100, 1024], output lengths uniform in [100, 1024]
@@ -54,7 +54,7 @@ from minilm_engine.model.attention.backends import ATTENTION_BACKENDS
 from minilm_engine.model.device import resolve_dtype
 from minilm_engine.course.experiments.batching import measure_copy_bandwidth, weight_bytes
 from minilm_engine.course.experiments.launches import decode_tokens_per_s
-from minilm_engine.model.known_configs import KNOWN_CONFIGS
+from minilm_engine.course.known_configs import KNOWN_CONFIGS
 from minilm_engine.model.loader import read_config, resolve_model_path
 
 MODEL_ID = "Qwen/Qwen3-0.6B"

@@ -187,7 +187,7 @@ def test_cost_model_with_kv_reads():
 
 
 def test_cost_model_for_real_shapes_reproduces_the_issue_claim():
-    from minilm_engine.model.known_configs import known_config
+    from minilm_engine.course.known_configs import known_config
 
     llama3 = known_config("Meta-Llama-3-8B")
     h100 = DecodeCostModel.for_shapes(llama3, bandwidth=3.35e12, flops=989e12)

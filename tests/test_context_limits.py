@@ -15,7 +15,7 @@ from minilm_engine.entrypoints.cli.main import main
 from minilm_engine.entrypoints.openai import ServerThread
 from minilm_engine.core.kv_cache_utils import cdiv
 from minilm_engine.core.kv_cache_sizing import KVCacheBudget, max_context_len
-from minilm_engine.model.known_configs import known_config
+from minilm_engine.course.known_configs import known_config
 
 MODEL = "noodle-chef"
 

@@ -12,7 +12,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from minilm_engine.model.known_configs import known_config
+from minilm_engine.course.known_configs import known_config
 from minilm_engine.course.teaching.drills import (
     DRILLS_DIR,
     FORMULAS,

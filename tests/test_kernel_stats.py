@@ -30,7 +30,7 @@ from minilm_engine.course.experiments.kernel_stats import (  # noqa: E402
     time_decode_kernel,
     with_contiguous_blocks,
 )
-from minilm_engine.model.known_configs import known_config  # noqa: E402
+from minilm_engine.course.known_configs import known_config  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

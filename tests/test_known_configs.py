@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.model.known_configs: published shapes load and match the model cards."""
+"""Tests for minilm_engine.course.known_configs: published shapes load and match the model cards."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from minilm_engine import LLM
 from minilm_engine.model import ModelConfig
-from minilm_engine.model.known_configs import KNOWN_CONFIGS, known_config, shipped_config
+from minilm_engine.course.known_configs import KNOWN_CONFIGS, known_config, shipped_config
 
 # repo id -> (parameters the model card / safetensors index states, KV KiB per token in bf16)
 PUBLISHED = {

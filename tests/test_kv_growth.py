@@ -25,7 +25,7 @@ from minilm_engine.course.experiments.kv_growth import (
     weight_bytes,
 )
 from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache
-from minilm_engine.model.known_configs import KNOWN_CONFIGS, known_config
+from minilm_engine.course.known_configs import KNOWN_CONFIGS, known_config
 from minilm_engine.core.sampling_params import SamplingParams
 from minilm_engine.course.teaching.exercises_cost_kv import model_config, random_shapes
 

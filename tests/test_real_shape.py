@@ -12,7 +12,7 @@ from minilm_engine.course.baselines import BaselineLLM
 from minilm_engine.model.device import native_bf16_matmul
 from minilm_engine.course.experiments import real_shape
 from minilm_engine.course.experiments.kv_growth import token_time_rounds
-from minilm_engine.model.known_configs import KNOWN_CONFIGS
+from minilm_engine.course.known_configs import KNOWN_CONFIGS
 
 
 def test_fields_are_qwen3_0_6b_with_the_layers_asked_for() -> None:

@@ -1,4 +1,4 @@
-"""A model of a real shape, without a download: Qwen3-0.6B's config (`model/known_configs.py`)
+"""A model of a real shape, without a download: Qwen3-0.6B's config (`course/known_configs.py`)
 with random weights, for the lessons about bytes and FLOPs that the shipped 7M-parameter
 chef cannot show (on a CPU its steps are mostly fixed per-step overhead).
 
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from minilm_engine.model.device import native_bf16_matmul, resolve_device
 from minilm_engine.entrypoints.llm import LLM
-from minilm_engine.model.known_configs import KNOWN_CONFIGS
+from minilm_engine.course.known_configs import KNOWN_CONFIGS
 from minilm_engine.course.experiments.batching import (
     _median_time,
     measure_copy_bandwidth,

@@ -15,7 +15,7 @@ every JSON file there (so a new chapter's bank joins chapter 09 by being added).
      "unit": "GiB", "tolerance": 0.05}             numeric only: relative tolerance
 
 A numeric item's value is computed at load time by `FORMULAS[formula](**params)` from the
-shapes in `model/known_configs.py` (never typed in); `{value}` and the params may appear in
+shapes in `course/known_configs.py` (never typed in); `{value}` and the params may appear in
 the question and answer, e.g. "{value:.1f}".  `Drill.check(text)` grades a numeric answer.
 `show_drills` renders answers folded under questions; `export_markdown` writes the whole bank.
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minilm_engine.model.known_configs import known_config
+from minilm_engine.course.known_configs import known_config
 from minilm_engine.course.teaching import serving_math as sm
 from minilm_engine.course.teaching.serving_math import LINKS
 

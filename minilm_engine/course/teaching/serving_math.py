@@ -3,7 +3,7 @@ GEMMs, speculation trees, routing, LoRA adapters.
 
 Contract: pure functions of shapes and rates, no I/O.  Every hardware figure a caller may use
 lives in `LINKS` (interconnects) or `drills.GPUS` (chips) with its source; a model's shape comes
-from `model/known_configs.py` or, for the MoE model the dense table cannot describe,
+from `course/known_configs.py` or, for the MoE model the dense table cannot describe,
 `MOE_SHAPES` (copied from its `config.json`).  Each function states the model it assumes (ring
 all-reduce, uniform routing, independent draft candidates), because an interviewer will ask.
 """
