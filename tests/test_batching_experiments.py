@@ -53,7 +53,7 @@ def workload():
 def test_static_engine_takes_the_toys_steps(llms, workload):
     llm = llms["static"]
     requests = llm.make_requests(workload.prompts, workload.sampling_params)
-    busy = [len(advanced) for advanced in llm.strategy.steps(requests)]
+    busy = [len(advanced) for advanced in llm.run_steps(requests)]
     toy = simulate(workload.output_lens, NUM_SEATS, "static")
     assert [len(r.output_token_ids) for r in requests] == workload.output_lens
     assert len(busy) == toy.num_steps

@@ -399,7 +399,9 @@ def test_check_all_names_the_broken_piece(setup):
 
 
 def test_swap_in_leaves_the_engine_as_it_was():
-    table = block_table.BlockTable.of([[3], [5, 1]], 4)
+    from minilm_engine.worker.block_table import BlockTable
+
+    table = BlockTable.of([[3], [5, 1]], 4)
     rows, positions = np.array([0, 0, 1, 1]), np.array([0, 1, 3, 4])
     with build.swap_in("slot_mapping", my_slot_mapping):
         assert table.slot_mapping(rows, positions).tolist() == [12, 13, 23, 4]

@@ -75,7 +75,7 @@ def test_speculative_decoding_prints_the_same_text_and_the_acceptance(capsys):
     assert main(args + ["--speculative-model", "noodle-apprentice", "--num-speculative-tokens", "3"]) == 0
     out, err = capsys.readouterr()
     assert out == plain  # greedy: the chef's own text, token for token
-    assert "strategy='continuous'" in err and "drafted tokens accepted" in err and "tokens per target forward" in err
+    assert "LLM(model=" in err and "drafted tokens accepted" in err and "tokens per target forward" in err
 
 
 @pytest.mark.parametrize(
@@ -85,8 +85,6 @@ def test_speculative_decoding_prints_the_same_text_and_the_acceptance(capsys):
         (["--num-speculative-tokens", "3"], "needs --speculative-model"),
         (["--speculative-model", "noodle-apprentice", "--num-speculative-tokens", "-1"], "num_speculative_tokens must be in"),
         (["--speculative-model", "/no/such/draft", "--num-speculative-tokens", "2"], "/no/such/draft"),
-        (["--speculative-model", "noodle-apprentice", "--num-speculative-tokens", "2", "--strategy", "static_batch"],
-         "continuous engine"),
     ],
 )
 def test_bad_speculative_arguments_exit_2_with_the_reason(capsys, extra, message):

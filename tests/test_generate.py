@@ -274,7 +274,7 @@ def test_repr_names_the_model_as_the_caller_did():
     # a shipped model by its name, not the folder it resolves to on this machine (notebook
     # outputs are committed and read on other machines)
     llm = LLM("noodle-apprentice", record_trace=False)
-    assert repr(llm).startswith("BaselineLLM(model='noodle-apprentice', strategy='continuous', device=cpu")
+    assert repr(llm).startswith("LLM(model='noodle-apprentice', device=cpu")
     assert llm.model_path.is_dir() and llm.model_path.name == "noodle-apprentice"
 
 

@@ -39,7 +39,7 @@ def tiny_checkpoint(tmp_path_factory, tokenizer):
 
 def make_engine(folder, num_kv_blocks: int = 40, num_requests: int = 4):
     llm = LLM(
-        folder, strategy="continuous", num_kv_blocks=num_kv_blocks, block_size=BLOCK_SIZE,
+        folder, num_kv_blocks=num_kv_blocks, block_size=BLOCK_SIZE,
         max_num_batched_tokens=32, max_num_seqs=4,
     )
     engine = llm.engine

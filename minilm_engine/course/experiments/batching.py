@@ -430,7 +430,7 @@ def timed_generate(llm, workload: Workload) -> TimedGenerate:
     For the continuous strategy the engine's trace is cleared first, so afterwards it holds
     exactly this run (for `viz.BatchView(llm.engine)`).
     """
-    engine = getattr(llm.strategy, "engine", None)
+    engine = getattr(llm, "engine", None)
     if engine is not None:
         engine.trace.clear()
     start = time.perf_counter()
@@ -446,7 +446,7 @@ def run_workload(llm, workload: Workload) -> ServingRun:
     wall, outputs = timed.wall_s, timed.outputs
     num_steps = len(timed.records) if timed.records is not None else None
     return ServingRun.from_outputs(
-        llm.strategy_name, llm.strategy.config.max_num_seqs, wall, outputs, num_steps=num_steps
+        getattr(llm, "strategy_name", "continuous"), llm.engine_config.max_num_seqs, wall, outputs, num_steps=num_steps
     )
 
 

@@ -88,7 +88,7 @@ def measure_token_times(llm, prompt: str, num_tokens: int, num_repeats: int = 1)
         m = out.metrics
         latencies = [m.token_times[0] - m.first_scheduled_time, *m.inter_token_latencies]
         best = latencies if best is None else [min(a, b) for a, b in zip(best, latencies)]
-    return TokenTimes(llm.strategy_name, len(out.prompt_token_ids), out.outputs[0].token_ids, best)
+    return TokenTimes(getattr(llm, "strategy_name", "continuous"), len(out.prompt_token_ids), out.outputs[0].token_ids, best)
 
 
 @dataclass(frozen=True)

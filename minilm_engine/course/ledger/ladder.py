@@ -86,11 +86,13 @@ def compose(rungs: Sequence[Rung]) -> list[tuple[Rung, str]]:
 
 
 def engine_arguments() -> set[str]:
-    """Every argument `LLM(...)` accepts in this version of the package."""
+    """Every argument `BaselineLLM(...)` (the engine's `LLM` plus `strategy`) accepts in this
+    version of the package."""
+    from minilm_engine.course.baselines import BaselineLLM
     from minilm_engine.entrypoints.llm import LLM
 
     named = {
-        name for name, p in inspect.signature(LLM.__init__).parameters.items()
+        name for cls in (LLM, BaselineLLM) for name, p in inspect.signature(cls.__init__).parameters.items()
         if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"
     }
     return named | set(EngineConfig.__dataclass_fields__)
@@ -145,7 +147,7 @@ def run_rung(
     `measure_workload`); keep the fastest of
     `num_repeats` runs (on a shared machine, noise only ever adds time).  `common` are extra
     `LLM` arguments for every rung (e.g. num_kv_blocks)."""
-    from minilm_engine.entrypoints.llm import LLM
+    from minilm_engine.course.baselines import BaselineLLM
 
     missing = missing_arguments(rung)
     if missing:
@@ -156,7 +158,7 @@ def run_rung(
         # A fresh engine per repeat: with prefix caching on, a second run of the same prompts
         # on the same engine would find every prompt cached and flatter the rung.
         try:
-            llm = LLM(model, device=device, **kwargs)
+            llm = BaselineLLM(model, device=device, **kwargs)
         except (ValueError, TypeError, NotImplementedError) as e:
             # The arguments exist but this combination is refused (e.g. two techniques that
             # do not compose yet): said as the engine said it, and no numbers.
@@ -177,9 +179,9 @@ def measure_workload(
     a shared system prompt in the prefix cache, as a server that has been up a while has it."""
     llm.generate(workload.prompts[:1], workload.sampling_params[:1], use_tqdm=False)
     timed = timed_generate(llm, workload)
-    strategy = llm.strategy_name
+    strategy = getattr(llm, "strategy_name", "continuous")
     computed = None if timed.records else computed_tokens(
-        strategy, timed.outputs, llm.strategy.config.max_num_seqs)
+        strategy, timed.outputs, llm.engine_config.max_num_seqs)
     return Measurement.from_outputs(
         timed.outputs, timed.wall_s, model=_model_name(llm), settings=settings,
         trace_records=timed.records, machine=machine, num_computed_tokens=computed,

@@ -72,7 +72,7 @@ def run_ladder_repeats(
     num_repeats: int = 5, machine: str | None = None, progress: bool = False, **common: Any,
 ) -> LadderRepeats:
     """Every runnable rung, `num_repeats` times, in rotated order (see the module docstring)."""
-    from minilm_engine.entrypoints.llm import LLM
+    from minilm_engine.course.baselines import BaselineLLM
 
     composed = compose(rungs)
     out = LadderRepeats([rung for rung, _ in composed])
@@ -90,7 +90,7 @@ def run_ladder_repeats(
                 continue
             kwargs, settings = rung_arguments(rung, common, max_num_seqs)
             try:
-                llm = LLM(model, device=device, **kwargs)
+                llm = BaselineLLM(model, device=device, **kwargs)
             except (ValueError, TypeError, NotImplementedError) as e:
                 out.reasons[rung.name] = f"refused by this version: {type(e).__name__}: {e}"
                 out.runs[rung.name] = []

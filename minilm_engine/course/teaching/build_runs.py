@@ -91,7 +91,7 @@ def run_engine(
     run = Run([], [], [], 0, llm)
     for _ in range(waves):
         requests = llm.make_requests(list(setup.prompts), params)
-        steps = llm.strategy.steps(requests)
+        steps = llm.run_steps(requests)
         try:
             while True:
                 try:
