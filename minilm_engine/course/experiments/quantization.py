@@ -28,7 +28,7 @@ from minilm_engine.course.experiments.cost import audit_receipt
 from minilm_engine.course.baselines.contiguous_cache import NoKVCache
 from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.model.quantization import QuantizationConfig, quantize_model
-from minilm_engine.model.quantization.qat import fake_quantized
+from minilm_engine.course.experiments.qat import fake_quantized
 from minilm_engine.core.sampling_params import SamplingParams
 
 HELDOUT_SEED = 1  # the training script's held-out documents
