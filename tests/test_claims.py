@@ -140,7 +140,7 @@ def test_recorded_verdicts_make_one_table_and_a_rerun_replaces_its_row(tmp_path)
 def test_each_record_names_its_machine_and_the_table_says_when_machines_mix(tmp_path) -> None:
     import json
 
-    from minilm_engine.model.device import describe_machine
+    from minilm_engine.course.machine import describe_machine
     from minilm_engine.course.teaching.claims import machines_of, record, seed_claims_table
 
     holds = judge("speculation helps one user", Measurement(1.4, 1.2, 1.6, "x"), low=1.0)

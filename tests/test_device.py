@@ -5,13 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minilm_engine.model.device import (
-    choose_dtype,
-    cpu_vector_isa,
-    describe_machine,
-    resolve_device,
-    resolve_dtype,
-)
+from minilm_engine.model.device import choose_dtype, resolve_device, resolve_dtype
 
 H200, A100, T4, V100 = (9, 0), (8, 0), (7, 5), (7, 0)
 
@@ -98,21 +92,3 @@ def test_a_t4_gets_the_torch_attention_with_the_reason(monkeypatch, capability, 
         assert "compute capability 7.5" in reason and "T4" in reason
         assert summary.startswith("torch reference, because Triton 3.6.0")
         assert choose_dtype("auto", "cuda", capability) == (torch.float16, None)
-
-
-@pytest.mark.parametrize("flags, expected", [
-    ("fpu sse2 avx avx2 fma avx512f avx512bw avx512_bf16", "AVX-512+bf16"),
-    ("fpu sse2 avx avx2 fma avx512f avx512bw", "AVX-512"),
-    ("fpu sse2 avx avx2 fma", "AVX2"),
-    ("fpu sse2 avx", "AVX"),
-    ("fp asimd evtstrm aes", "NEON"),
-])
-def test_the_vector_isa_is_read_from_the_cpu_flags(flags, expected):
-    assert cpu_vector_isa(flags) == expected
-
-
-def test_this_machine_is_described_in_one_line():
-    line = describe_machine()
-    assert "\n" not in line and line
-    if not torch.cuda.is_available():
-        assert f"{cpu_vector_isa()}, " in line and line.endswith(" cores")

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from minilm_engine.course.noodle_corpus import sample_prompts
-from minilm_engine.model.device import describe_machine
+from minilm_engine.course.machine import describe_machine
 from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache
 from minilm_engine.model.fused_cpu import fused_weight_bytes
 from minilm_engine.core.outputs import RequestOutput
@@ -69,7 +69,7 @@ def _median_time(fn, num_repeats: int, device: torch.device) -> float:
 
 def hardware_summary(device: str | torch.device = "cpu") -> str:
     """One line naming what the numbers were measured on: the GPU, or the CPU's model, vector ISA
-    and cores (`device.describe_machine`), with torch's version and threads."""
+    and cores (`machine.describe_machine`), with torch's version and threads."""
     device = torch.device(device)
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else describe_machine()
     return (

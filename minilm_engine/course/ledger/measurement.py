@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minilm_engine.model.device import describe_machine
+from minilm_engine.course.machine import describe_machine
 from minilm_engine.course.experiments.batching import percentile
 
 PERCENTILES = (50, 90, 99)
@@ -54,7 +54,7 @@ class Provenance:
 
 
 def this_machine() -> str:
-    """One line naming this machine (`device.describe_machine`) and the torch threads it ran with."""
+    """One line naming this machine (`machine.describe_machine`) and the torch threads it ran with."""
     import torch
 
     if torch.cuda.is_available():

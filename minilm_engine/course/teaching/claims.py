@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilm_engine.model.device import describe_machine
+from minilm_engine.course.machine import describe_machine
 
 HOLDS = "holds here"
 FAILS = "does not hold here"
@@ -217,7 +217,7 @@ def record(verdict: Verdict, chapter: str, write: bool = True, folder: Path | No
            machine: str | None = None) -> dict:
     """Keep a chapter's verdict on a seed claim in `notebooks/claims/<chapter>.json` (one entry
     per claim text, so a rerun replaces it), for the course's table of seed claims.  Each entry
-    names the machine it was measured on (`device.describe_machine()` unless given) and the UTC
+    names the machine it was measured on (`machine.describe_machine()` unless given) and the UTC
     date: a verdict on timings holds for that machine, and a table that mixes machines says so.
     A smoke run passes `write=False`: its small sizes must not overwrite the full run's numbers."""
     m = verdict.measurement
