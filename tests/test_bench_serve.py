@@ -34,8 +34,7 @@ from minilm_engine.bench.metrics import (
 from minilm_engine.bench.serve import BenchConfig, arrival_offsets, run_benchmark, sweep
 from minilm_engine.course.ledger import Measurement
 from minilm_engine.entrypoints.cli.main import main
-from minilm_engine.entrypoints.openai import ServerThread
-from minilm_engine.entrypoints.openai.api_server import free_port
+from minilm_engine.course.experiments.server_thread import ServerThread, free_port
 from minilm_engine.model.loader import CHECKPOINTS_DIR
 
 

@@ -17,7 +17,7 @@ from minilm_engine.bench.metrics import RequestResult
 from minilm_engine import LLM
 from minilm_engine.bench.datasets import noodle_requests
 from minilm_engine.bench.serve import BenchConfig, run_benchmark
-from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.course.experiments.server_thread import ServerThread
 from minilm_engine.entrypoints.rate_limit import RateLimiter, RateLimits
 from minilm_engine.course.experiments.client_view import client_view, spike_table
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from minilm_engine import LLM
 from minilm_engine.entrypoints.cli.main import main
-from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.course.experiments.server_thread import ServerThread
 from minilm_engine.core.kv_cache_utils import cdiv
 from minilm_engine.core.kv_cache_sizing import KVCacheBudget, max_context_len
 from minilm_engine.course.known_configs import known_config

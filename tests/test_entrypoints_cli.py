@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from minilm_engine.entrypoints.cli.main import main
-from minilm_engine.entrypoints.openai.api_server import free_port
+from minilm_engine.course.experiments.server_thread import free_port
 
 
 @pytest.mark.parametrize("extra, message", [(["--port", "0"], "--port"), (["--max-num-seqs", "0"], "max_num_seqs"),

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from minilm_engine import LLM
-from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.course.experiments.server_thread import ServerThread
 
 MODEL = "noodle-apprentice"  # the small one: these tests are about the HTTP layer
 GOOD = {"model": MODEL, "prompt": "Order for table 7:\n", "max_tokens": 4, "temperature": 0}

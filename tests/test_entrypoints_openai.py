@@ -20,7 +20,7 @@ import pytest
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.course.baselines import BaselineLLM
 from minilm_engine.entrypoints.chat_template import NOODLE_CHAT_TEMPLATE, chat_format_for, render_chat
-from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.course.experiments.server_thread import ServerThread
 
 PROMPTS = ["Order for table 7:\n", "Receipt #7061\n", "Shop diary, 12 March\n"]
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from minilm_engine import LLM
-from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.course.experiments.server_thread import ServerThread
 from minilm_engine.entrypoints.openai.protocol import warn_ignored
 
 MODEL = "noodle-apprentice"

@@ -18,7 +18,7 @@ import pytest
 
 from minilm_engine import LLM
 from minilm_engine.entrypoints.cli.main import main
-from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.course.experiments.server_thread import ServerThread
 from minilm_engine.entrypoints.rate_limit import RateLimiter, RateLimits
 
 MODEL = "noodle-chef"

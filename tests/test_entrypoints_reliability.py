@@ -16,7 +16,7 @@ import pytest
 
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.course.noodle_corpus import sample_prompts
-from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.course.experiments.server_thread import ServerThread
 
 NUM_CLIENTS = 64
 MAX_TOKENS = 24

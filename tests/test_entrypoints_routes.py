@@ -20,7 +20,7 @@ import pytest
 from minilm_engine import LLM, SamplingParams, __version__
 from minilm_engine.course.baselines import BaselineLLM
 from minilm_engine.entrypoints.cli.main import build_parser
-from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.course.experiments.server_thread import ServerThread
 from minilm_engine.model.loader import CHECKPOINTS_DIR
 from test_entrypoints_parsing import MODEL, client, server  # noqa: F401  (fixtures: one server per module)
 

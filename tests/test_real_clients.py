@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from minilm_engine.entrypoints.cli.main import main
-from minilm_engine.entrypoints.openai.api_server import free_port
+from minilm_engine.course.experiments.server_thread import free_port
 from minilm_engine.model.loader import CHECKPOINTS_DIR
 
 pytestmark = [pytest.mark.clients, pytest.mark.slow]

@@ -12,7 +12,7 @@ import pytest
 
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.entrypoints.cli.main import main
-from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.course.experiments.server_thread import ServerThread
 from minilm_engine.entrypoints.openai.run_batch import run_batch
 
 MODEL = "noodle-apprentice"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from minilm_engine import LLM
-from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.course.experiments.server_thread import ServerThread
 from minilm_engine.entrypoints.openai.serving import SERVICE_TIER_PRIORITY
 
 MODEL = "noodle-apprentice"

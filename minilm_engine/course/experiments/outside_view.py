@@ -34,7 +34,7 @@ import pandas as pd
 from minilm_engine.bench.datasets import BenchRequest, noodle_requests
 from minilm_engine.bench.serve import BenchConfig, run_benchmark, run_sync, send_request
 from minilm_engine.course.noodle_corpus import generate_documents
-from minilm_engine.entrypoints.openai.api_server import free_port
+from minilm_engine.course.experiments.server_thread import free_port
 from minilm_engine.course.experiments.prefill import corpus_token_ids
 
 

@@ -38,7 +38,7 @@ from minilm_engine.bench.serve import (
     run_sync,
     send_request,
 )
-from minilm_engine.entrypoints.openai import ServerThread
+from minilm_engine.course.experiments.server_thread import ServerThread
 from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.course.experiments.outside_view import ServerProcess
 

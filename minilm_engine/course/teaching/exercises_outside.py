@@ -275,7 +275,7 @@ class BucketExercise:
         against the reference limiter give the same status codes, and no KV block stays held."""
         import httpx
 
-        from minilm_engine.entrypoints.openai import ServerThread
+        from minilm_engine.course.experiments.server_thread import ServerThread
         from minilm_engine.entrypoints.llm import LLM
 
         limits = RateLimits(tokens_per_minute=120)

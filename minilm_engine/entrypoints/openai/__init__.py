@@ -1,6 +1,6 @@
 """The OpenAI-compatible API: wire format (protocol.py), request handling (serving.py), the
 FastAPI app and how to run it (api_server.py)."""
 
-from minilm_engine.entrypoints.openai.api_server import ServerThread, build_app, serve
+from minilm_engine.entrypoints.openai.api_server import build_app, serve
 
-__all__ = ["ServerThread", "build_app", "serve"]
+__all__ = ["build_app", "serve"]

@@ -28,8 +28,8 @@ reservation is settled to the tokens it really used (an abort: what was computed
 failure of the server's own: all refunded).  Every answer of those routes carries the key's
 x-ratelimit-* headers.  With a keys file, a key not in it is a 401.
 
-`serve(llm, host, port)` runs it in the foreground (the CLI); `ServerThread` runs it in a
-background thread on a free loopback port (tests, notebooks).
+`serve(llm, host, port)` runs it in the foreground (the CLI); the course's `ServerThread`
+(`course/experiments/server_thread.py`) runs it in a background thread (tests, notebooks).
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import socket
-import threading
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -277,65 +275,6 @@ def serve(llm: LLM, host: str = DEFAULT_HOST, port: int = 8000, served_model_nam
     """Serve until Ctrl-C: in-flight requests get `shutdown_timeout` s to finish, then are aborted."""
     app = build_app(llm, served_model_names, api_key, rate_limiter)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout)
-
-
-def free_port(host: str = DEFAULT_HOST) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class ServerThread:
-    """The server in a background thread of this process (tests, notebooks):
-
-        with ServerThread(llm) as server:
-            client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
-
-    `app.state.engine` is reachable as `server.engine` (its stats, its `llm`)."""
-
-    def __init__(self, llm: LLM, host: str = DEFAULT_HOST, port: int | None = None,
-                 served_model_names: list[str] | None = None, api_key: str | None = None,
-                 shutdown_timeout: float = 2.0, rate_limiter: RateLimiter | None = None):
-        self.app = build_app(llm, served_model_names, api_key, rate_limiter)
-        self.engine: AsyncLLMEngine = self.app.state.engine
-        self.host, self.port = host, port or free_port(host)
-        config = uvicorn.Config(self.app, host=host, port=self.port, log_level="warning",
-                                timeout_graceful_shutdown=shutdown_timeout)
-        self.server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> ServerThread:
-        self._thread = threading.Thread(target=self._run, name="minilm-server", daemon=True)
-        self._thread.start()
-        for _ in range(int(timeout / 0.02)):
-            if self.server.started:
-                return self
-            if not self._thread.is_alive():
-                break
-            self._thread.join(0.02)
-        raise RuntimeError(f"the server did not start on {self.url}")
-
-    def _run(self) -> None:
-        try:
-            self.server.run()
-        except SystemExit:  # uvicorn's way of saying startup failed (logged); start() reports it
-            pass
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self.server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def __enter__(self) -> ServerThread:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def package_version() -> str:
