@@ -102,13 +102,3 @@ class SpecDecodingStats:
             accepted / compared if compared else None
             for accepted, compared in zip(self.num_accepted_tokens_per_pos, self.num_compared_tokens_per_pos)
         ]
-
-    def as_dict(self) -> dict[str, float | int | None]:
-        return {
-            "num_drafts": self.num_drafts,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "draft_acceptance_rate": self.draft_acceptance_rate,
-            "alpha": self.alpha,
-            "mean_acceptance_length": self.mean_acceptance_length,
-        }

@@ -528,14 +528,3 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str = "invalid_request_error"
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo
