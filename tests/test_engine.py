@@ -18,6 +18,7 @@ import pytest
 
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.course.experiments.step_table import steps_dataframe
 from minilm_engine.core.request import Request
 
 MAX_MODEL_LEN = 64
@@ -476,7 +477,7 @@ def test_trace_has_one_consistent_record_per_step(finished_run):
     columns = ["step", "request_id", "num_prefill_tokens", "num_decode_tokens", "kv_usage"]
     assert set(columns + ["num_cached_tokens"]) <= set(df.columns)
     assert df["num_prefill_tokens"].sum() + df["num_decode_tokens"].sum() == sum(computed.values())
-    steps = engine.trace.steps_dataframe()
+    steps = steps_dataframe(engine.trace)
     assert len(steps) == len(records) and steps["num_preempted"].sum() == num_preempted(engine)
 
 

@@ -24,6 +24,7 @@ from test_engine import BLOCK_SIZE, MAX_MODEL_LEN, alone, drive, num_cached_toke
 
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.course.baselines import BaselineLLM
+from minilm_engine.course.experiments.step_table import steps_dataframe
 from minilm_engine.worker.sampler import sampling_probs
 
 from conftest import CHECKPOINT_NAMES, build_hf_model, hf_config, save_checkpoint, train_tokenizer, corpus_texts
@@ -225,7 +226,7 @@ def test_metrics_add_up_per_request_per_step_and_per_engine(checkpoints, drafts,
     assert sum(s.num_draft_tokens for s in per_request) == engine_stats.num_draft_tokens
     assert sum(s.num_accepted_tokens for s in per_request) == engine_stats.num_accepted_tokens
     assert sum(s.num_drafts for s in per_request) == engine_stats.num_drafts
-    steps = llm.engine.trace.steps_dataframe()
+    steps = steps_dataframe(llm.engine.trace)
     assert steps["num_draft_tokens"].sum() == engine_stats.num_draft_tokens
     assert steps["num_accepted_tokens"].sum() == engine_stats.num_accepted_tokens
     for record in llm.engine.trace.records:

@@ -108,29 +108,3 @@ class StepTrace:
         import pandas as pd
 
         return pd.DataFrame(self.to_records())
-
-    def steps_dataframe(self):
-        """One row per step: token counts, occupancy and timing."""
-        import pandas as pd
-
-        return pd.DataFrame(
-            [
-                {
-                    "step": r.step,
-                    "start_time": r.start_time,
-                    "duration_s": r.duration_s,
-                    "num_seqs": len(r.chunks),
-                    "num_prefill_tokens": r.num_prefill_tokens,
-                    "num_decode_tokens": r.num_decode_tokens,
-                    "num_running": r.num_running,
-                    "num_waiting": r.num_waiting,
-                    "num_used_blocks": r.num_used_blocks,
-                    "num_cached_blocks": r.num_cached_blocks,
-                    "kv_usage": r.usage,
-                    "num_preempted": len(r.preempted),
-                    "num_draft_tokens": r.num_draft_tokens,
-                    "num_accepted_tokens": r.num_accepted_tokens,
-                }
-                for r in self.records
-            ]
-        )

@@ -27,6 +27,7 @@ import pandas as pd
 from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.core.sampling_params import SamplingParams
 from minilm_engine.course.experiments.prefill import corpus_token_ids
+from minilm_engine.course.experiments.step_table import steps_dataframe
 
 
 def context_at_concurrency(
@@ -60,7 +61,7 @@ def context_at_concurrency(
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)  # ignore_eos: exactly `length` tokens each
         wall = time.perf_counter() - start
-        steps = llm.engine.trace.steps_dataframe().iloc[first:]
+        steps = steps_dataframe(llm.engine.trace).iloc[first:]
         rows.append({
             "context tokens": length,
             f"limit at {concurrency}": limit,

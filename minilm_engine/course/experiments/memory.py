@@ -26,6 +26,7 @@ from minilm_engine.core.kv_cache_manager import cdiv
 from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.core.outputs import RequestOutput
 from minilm_engine.core.sampling_params import SamplingParams
+from minilm_engine.course.experiments.step_table import steps_dataframe
 
 # -- waste per request ------------------------------------------------------------------------
 
@@ -104,7 +105,7 @@ class BudgetResult:
     num_steps: int
     fits_max_tokens: int  # contiguous, prompt + max_tokens each, in arrival order
     fits_max_model_len: int  # contiguous, max_model_len each
-    steps: object = field(repr=False)  # the run's engine.trace.steps_dataframe() (DataFrame)
+    steps: object = field(repr=False)  # the run's steps_dataframe(engine.trace)
 
     @property
     def budget_slots(self) -> int:
@@ -139,7 +140,7 @@ def concurrency_under_budget(
         max_num_seqs=len(prompts), enable_prefix_caching=False,
     )
     llm.generate(list(prompts), sampling_params, use_tqdm=False)
-    steps = llm.engine.trace.steps_dataframe()
+    steps = steps_dataframe(llm.engine.trace)
     crowded = steps[steps["num_waiting"] > 0]
     budget = num_kv_blocks * block_size
     # A contiguous cache reserves the model's whole context per request: the architecture's,

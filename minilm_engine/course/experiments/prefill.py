@@ -31,6 +31,7 @@ from minilm_engine.course.noodle_corpus import generate_documents
 from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.model.config import ModelConfig
 from minilm_engine.core.sampling_params import SamplingParams
+from minilm_engine.course.experiments.step_table import steps_dataframe
 
 # -- the cost model -----------------------------------------------------------------------------
 
@@ -229,7 +230,7 @@ class InterferenceResult:
 
     `itl`: one row per streamed token after the first: request_id, time_s (when the token came,
     seconds after the long prompt arrived, negative before), itl_s (gap to the previous token).
-    `steps`: the run's rows of `engine.trace.steps_dataframe()`, with time_s added likewise.
+    `steps`: the run's rows of `steps_dataframe(engine.trace)`, with time_s added likewise.
     """
 
     label: str
@@ -295,7 +296,7 @@ def long_prompt_interference(
                 {"request_id": r.request_id, "time_s": now - inject_time, "itl_s": now - prev}
             )
     itl = pd.DataFrame(rows)
-    steps = engine.trace.steps_dataframe().iloc[first_record:].reset_index(drop=True)
+    steps = steps_dataframe(engine.trace).iloc[first_record:].reset_index(drop=True)
     steps["time_s"] = steps["start_time"] + steps["duration_s"] - inject_time
     before = itl[itl["time_s"] < 0]["itl_s"]
     after = itl[itl["time_s"] >= 0]["itl_s"]
