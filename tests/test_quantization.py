@@ -212,9 +212,9 @@ def test_cpu_int4_layout_is_learned_from_the_operator(N, K):
     is assumed."""
     from minilm_engine.model.quantization.kernels.cpu import (
         KNOWN_INT4_LAYOUTS,
-        from_cpu_int4_layout,
         learn_int4_layout,
         to_cpu_int4_layout,
+        unpack_cpu_int4_transposed,
     )
 
     codes = torch.randint(0, 16, (N, K), dtype=torch.int32)
@@ -222,7 +222,8 @@ def test_cpu_int4_layout_is_learned_from_the_operator(N, K):
     layout = learn_int4_layout(codes, packed)
     assert layout is not None, "torch packs int4 in a tiling this kernel does not know"
     assert torch.equal(to_cpu_int4_layout(codes, layout), packed)
-    assert torch.equal(from_cpu_int4_layout(packed, layout).int(), codes)
+    unpacked = unpack_cpu_int4_transposed(packed, layout, torch.empty(K, N, dtype=torch.uint8)).t()
+    assert torch.equal(unpacked.int(), codes)  # read back: the codes
     others = [other for other in KNOWN_INT4_LAYOUTS if other != layout and N % other.block_n == 0]
     assert all(not torch.equal(to_cpu_int4_layout(codes, other), packed) for other in others)  # the choice matters
 

@@ -88,11 +88,6 @@ def tile_int8(codes: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, INT8_TILE_ROWS, K).transpose(1, 2).contiguous()
 
 
-def untile_int8(tiles: torch.Tensor, N: int) -> torch.Tensor:
-    """The inverse of `tile_int8`: (tiles, K, 16) -> (N, K)."""
-    return tiles.transpose(1, 2).reshape(-1, tiles.shape[1])[:N]
-
-
 def microkernel_max_rows(scheme: str, dtype: torch.dtype) -> int | None:
     """Up to how many rows of x the micro-kernel runs (None: any number), else dequantize + BLAS.
 
@@ -152,13 +147,6 @@ def unpack_cpu_int4_transposed(packed: torch.Tensor, layout: Int4Layout, out: to
     view[:, :, 0].copy_(b & 0x0F)
     view[:, :, 1].copy_(b >> 4)
     return out
-
-
-def from_cpu_int4_layout(packed: torch.Tensor, layout: Int4Layout) -> torch.Tensor:
-    """The inverse of `to_cpu_int4_layout`: (N, K / 2) uint8 -> (N, K) codes (uint8)."""
-    N, K = packed.shape[0], packed.shape[1] * 2
-    out = torch.empty(K, N, dtype=torch.uint8, device=packed.device)
-    return unpack_cpu_int4_transposed(packed, layout, out).t().contiguous()
 
 
 def learn_int4_layout(codes: torch.Tensor, packed: torch.Tensor) -> Int4Layout | None:
