@@ -23,12 +23,12 @@ ids differ).  Every request is submitted to the engine at once, so it runs at fu
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import sys
 import uuid
 from collections.abc import Iterable
 
+from minilm_engine.bench.serve import run_sync
 from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.entrypoints.async_engine import AsyncLLMEngine
 from minilm_engine.entrypoints.chat_template import chat_format_for
@@ -132,10 +132,4 @@ def run_batch(llm: LLM, lines: Iterable[str], served_model_names: list[str] | No
     """The output lines (dicts) for the input `lines`, in input order (see the module docstring).
     Where an event loop already runs (a notebook), the batch runs on a loop of its own in a
     worker thread."""
-    coroutine = run_batch_async(llm, lines, served_model_names, progress)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="run-batch") as pool:
-        return pool.submit(asyncio.run, coroutine).result()
+    return run_sync(run_batch_async(llm, lines, served_model_names, progress))
