@@ -156,7 +156,7 @@ class DecodeCostModel:
     def for_shapes(
         cls, config, bandwidth: float, flops: float, bytes_per_element: int = 2
     ) -> "DecodeCostModel":
-        """A model known by its shapes (`model/known_configs.py`) on a machine known by its
+        """A model known by its shapes (`course/known_configs.py`) on a machine known by its
         rates (a datasheet's bandwidth and FLOP/s): no measurement."""
         num_params = config.num_parameters()
         return cls(num_params, num_params * bytes_per_element, bandwidth, flops,
