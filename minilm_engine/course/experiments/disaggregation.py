@@ -192,7 +192,7 @@ def build_configs(
     chunked = LLM(model, **common, enable_chunked_prefill=True, max_num_batched_tokens=chunk_tokens)
     whole = dict(enable_chunked_prefill=False, max_num_batched_tokens=chunked.max_model_len)
     mixed = LLM(model, **common, **whole)
-    disagg = DisaggRouter(LLM(model, **common, **whole), LLM(model, **common))
+    disagg = DisaggRouter.from_model(model, **common, prefill=whole)
     return {"mixed": mixed, "chunked": chunked, "disagg": disagg}
 
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 from minilm_engine.entrypoints.input_processor import PromptType
 from minilm_engine.entrypoints.llm import LLM
@@ -56,6 +58,18 @@ class DisaggRouter:
         self.connector = InProcessKVConnector(kv_producer.engine, kv_consumer.engine)
         self.pending: deque[Request] = deque()  # prefilled, waiting for the consumer's room
         self.requests: dict[str, Request] = {}  # every live request, by id
+
+    @classmethod
+    def from_model(
+        cls,
+        model: str | Path | None = None,
+        *,
+        prefill: dict[str, Any] | None = None,
+        decode: dict[str, Any] | None = None,
+        **common: Any,
+    ) -> DisaggRouter:
+        """Load `model` twice: `LLM(model, **common, **prefill)` produces, `**decode` consumes."""
+        return cls(LLM(model, **common, **(prefill or {})), LLM(model, **common, **(decode or {})))
 
     @property
     def stats(self):
