@@ -55,7 +55,9 @@ def setup() -> None:
     if not PYTHON.exists():
         print(f"creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    pip = [PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    # --no-compile: bytecode is written on first import, for what is imported only (most of what
+    # torch and Jupyter ship is never imported here), which shortens the install.
+    pip = [PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-compile"]
     if not venv_has("torch"):
         if has_nvidia_gpu():
             run(*pip, TORCH_GPU)

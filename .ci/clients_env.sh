@@ -7,11 +7,15 @@
 # the CPU wheel of the version the main venv uses, installed first from PyTorch's CPU index with
 # --no-deps (as dev.py does), so lm-eval's `hf` backend does not pull the CUDA build;
 # transformers is pinned to the main venv's, so `hf` reads the checkpoint as the engine's tests do.
+# --no-compile: bytecode is written on first import, for what the clients import only (most of
+# what these packages ship, the tests never import).  .ci/run builds this venv in the background
+# while the main venv installs.
 #
 #     bash .ci/clients_env.sh [VENV_DIR]      (default .venv-clients; reused when it is complete)
 #
-# Then .ci/run runs `pytest -m clients` with MINILM_CLIENTS_PYTHON=VENV_DIR/bin/python and
-# MINILM_REQUIRE_CLIENTS=1, so a missing client is a failure in CI, not a skip.
+# Then .ci/run runs the test suite with MINILM_REQUIRE_CLIENTS=1 (tests/test_real_clients.py finds
+# the venv at .venv-clients, or MINILM_CLIENTS_PYTHON), so a missing client is a failure in CI,
+# not a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv-clients}"
@@ -25,7 +29,7 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANTED" ]; then
     exit 0
 fi
 python3 -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-compile)
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     # torch's own dependencies (sympy, networkx, jinja2, filelock, fsspec) come with the pins.
     "${PIP[@]}" --no-deps --retries 2 --index-url "$TORCH_CPU_INDEX" "$TORCH"

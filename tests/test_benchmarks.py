@@ -28,7 +28,10 @@ def run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.Compl
     return done
 
 
-def test_gpu_check_dry_run_runs_the_tests_and_the_throughput_benchmark(tmp_path):
+def test_gpu_check_dry_run_runs_the_tests_and_the_throughput_and_spec_decode_benchmarks(tmp_path):
+    """The dry run of scripts/gpu_check.sh, and in it benchmarks/spec_decode.py --quick on the CPU:
+    what this file checked of that script's own --quick run it checks here, on the dry run's
+    output (one run of it, not two)."""
     done = run(["bash", "scripts/gpu_check.sh", "--dry-run"], ROOT, {"PYTHON": sys.executable, "OUT": str(tmp_path)})
     summary = (tmp_path / "summary.txt").read_text()
     assert "no GPU (dry run on the CPU)" in summary and "(exit 0)" in summary, done.stdout[-3000:]
@@ -45,6 +48,16 @@ def test_gpu_check_dry_run_runs_the_tests_and_the_throughput_benchmark(tmp_path)
     # batch 1 alternates the two systems; the ratio printed is the median of the pairs'
     assert len(data["minilm_batch1_runs"]) == len(data["hf_batch1_runs"]) == len(data["batch1_pair_ratios"]) == 3
     assert "no CUDA graphs (eager)" in data["minilm-engine"]
+    # benchmarks/spec_decode.py --quick --device cpu, as the check ran it: its three parts, and
+    # the speedups and the formula in its JSON
+    out = (tmp_path / "spec_decode.log").read_text()
+    for number in ("1.", "2.", "3."):
+        assert f"\n{number} " in out, out
+    spec = json.loads((tmp_path / "spec_decode.json").read_text())
+    assert spec["all_same_tokens"]
+    assert [(r["batch_size"], r["K"]) for r in spec["batch1"]] == [(1, 0), (1, 1), (1, 4)]
+    assert [(r["batch_size"], r["K"]) for r in spec["batches"]] == [(4, 0), (4, spec["best_k"])]
+    assert all(r["measured_tokens_per_round"] > 1 and r["formula_tokens_per_round"] > 1 for r in spec["tokens_per_forward"])
 
 
 def test_serving_benchmark_prints_its_five_ratios():
@@ -81,23 +94,21 @@ def test_quantization_benchmark_prints_bytes_and_speed_ratios(tmp_path):
     assert all(c["speedup_vs_fp32"] == 1.0 for c in table["fp32"].values())
 
 
-def test_spec_decode_benchmark_reports_speedups_and_the_formula(tmp_path):
-    out = run([sys.executable, "spec_decode.py", "--quick", "--json", str(tmp_path / "spec.json")], ROOT / "benchmarks").stdout
-    for number in ("1.", "2.", "3."):
-        assert f"\n{number} " in out, out
-    data = json.loads((tmp_path / "spec.json").read_text())
-    assert data["all_same_tokens"]
-    assert [(r["batch_size"], r["K"]) for r in data["batch1"]] == [(1, 0), (1, 1), (1, 4)]
-    assert [(r["batch_size"], r["K"]) for r in data["batches"]] == [(4, 0), (4, data["best_k"])]
-    assert all(r["measured_tokens_per_round"] > 1 and r["formula_tokens_per_round"] > 1 for r in data["tokens_per_forward"])
-
-
 def test_step_cost_benchmark_reports_every_size(tmp_path):
     run([sys.executable, "step_cost.py", "--sizes", "4,8", "--steps", "3", "--repeats", "1",
          "--json", str(tmp_path / "s.json")], ROOT / "benchmarks")
     sizes = json.loads((tmp_path / "s.json").read_text())["sizes"]
     assert list(sizes) == ["4", "8"]
     assert all(s["min_ms"] <= s["median_ms"] <= s["max_ms"] and s["per_request_us"] > 0 for s in sizes.values())
+
+
+def test_step_cost_benchmark_times_the_shipped_chef(tmp_path):
+    out = run([sys.executable, "step_cost.py", "--model", "noodle-chef", "--quick", "--json", str(tmp_path / "s.json")],
+              ROOT / "benchmarks").stdout
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["model"] == "noodle-chef" and list(data["sizes"]) == ["1", "4"] and "noodle-chef" in out, out
+    assert all(s["min_ms"] <= s["median_ms"] <= s["max_ms"] and 0 < s["prepare_ms"] < s["median_ms"]
+               for s in data["sizes"].values())
 
 
 def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_floor(tmp_path):
