@@ -82,6 +82,13 @@ def is_package_function(name: str, fn: Any) -> bool:
     return fn is _defaults[name] or fn is _dispatchers[name] or unwrapped is _defaults[name]
 
 
+def is_overridden(name: str) -> bool:
+    """Whether a replacement for piece `name` is installed (a caller with a batched path of its
+    own then goes through the piece, so that the replacement runs)."""
+    _known(name)
+    return name in _active
+
+
 def num_delegations(name: str) -> int:
     """Calls of piece `name` that the current or last replacement handed back to the package."""
     return _delegations.get(name, 0)

@@ -135,7 +135,7 @@ def test_runner_refuses_what_it_cannot_run(checkpoints):
                                   torch.zeros(4, 4, dtype=torch.long))
     assert not runner.can_run(4, wide)  # a block table wider than the static one
     with pytest.raises(RuntimeError, match="need the Triton attention backend"):
-        runner.capture()  # the torch reference (backend None) syncs with the host
+        runner.capture()  # the torch reference (backend None) plans each step on the host
 
 
 def test_capture_needs_a_cuda_device(checkpoints):

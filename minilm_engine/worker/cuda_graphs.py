@@ -19,9 +19,10 @@ What a graph demands, and how it is met here:
                       sequences runs in the smallest bucket >= B, padded to it
     fixed addresses   inputs are copied into static buffers before a replay, and the output is
                       read from the graph's own output tensor after it
-    no host syncs     the Triton kernels read lengths from device memory.  The torch reference
-                      calls `.nonzero()` and `.item()`, which cannot be captured, so graphs
-                      are used with the Triton backend only
+    nothing per step  the Triton kernels read lengths from device memory.  The torch reference
+    on the host       plans every step on the host (gather indices built with numpy from the
+                      metadata's host copies, then uploaded): a graph would replay the indices
+                      of the step it recorded, so graphs are used with the Triton backend only
 
 Padding rows feed token 0 at position 0, write to the first slot of the cache's scratch block
 (which no request owns) and attend over that one slot:
@@ -138,8 +139,8 @@ class DecodeGraphRunner:
         the memory pool the largest one reserved)."""
         if self.backend is None or self.backend.name != "triton":
             raise RuntimeError(
-                "CUDA graphs need the Triton attention backend: the torch reference asks the host "
-                "which sequences decode (.nonzero()), which a graph cannot record"
+                "CUDA graphs need the Triton attention backend: the torch reference plans each step "
+                "on the host, and a graph would replay the gather indices of the step it recorded"
             )
         device = self.model.device
         if device.type != "cuda":

@@ -15,7 +15,10 @@ manager.
     query_start_loc: [0, 4, 5, 7]    context_lens: [4, 8, 2]
 
 Everything past the token ids is computed for the whole step at once, in numpy (positions,
-slots, lengths: a few array operations, not a Python loop per token).
+slots, lengths: a few array operations, not a Python loop per token), then sent to the device
+in one copy through an `InputBuffer` that lives as long as its owner (the model runner, the
+draft proposer): no tensor is allocated per step.  The metadata keeps the numpy lengths and
+tables (`HostMetadata`), so nobody reads them back from the device.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minilm_engine.model.attention.paged import PagedAttentionMetadata
+from minilm_engine.model.attention.paged import HostMetadata, PagedAttentionMetadata
 from minilm_engine.worker.block_table import BlockTable
 
 
@@ -47,18 +50,74 @@ class Chunk:
         return self.start + len(self.token_ids)
 
 
+class InputBuffer:
+    """A step's int64 inputs in memory allocated once and reused every step (vLLM's persistent
+    input buffers): the host lays them side by side in one array, and one copy sends it over.
+
+        host (pinned on a GPU)   [ input_ids | positions | slot_mapping | query_start_loc | ... ]
+                                        N           N            N             S + 1
+                                 device[:used].copy_(host[:used], non_blocking=True)
+        device                   [ the same layout ]   the step's tensors are views of it
+
+    Why pinned, and non_blocking: a copy from ordinary (pageable) memory makes the host wait
+    until the GPU has run everything queued before it; from pinned (page-locked) memory the GPU
+    copies by itself, and the host goes on with the step.  Why allocated once: pinned memory is
+    slow to allocate, and a step should allocate nothing.  On a CPU the host array *is* the
+    device's: the views are handed out and nothing is copied.
+
+    Invariant: the tensors `upload` returns hold their values until the next `upload` (which
+    first waits, if it must, for the GPU to have copied the last one: they share the host
+    array).  The buffer grows (doubling) when a step needs more, and never shrinks.
+    """
+
+    def __init__(self, device: torch.device | str, size: int = 1024):
+        self.device = torch.device(device)
+        self._allocate(size)
+
+    def _allocate(self, size: int) -> None:
+        on_gpu = self.device.type == "cuda"
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=on_gpu)  # (size,)
+        self.host_array = self.host.numpy()  # the same memory, filled with numpy
+        self.on_device = torch.zeros(size, dtype=torch.int64, device=self.device) if on_gpu else self.host
+        self._copied = torch.cuda.Event() if on_gpu else None  # recorded after each copy to the GPU
+
+    def upload(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """int64 `arrays` of any shapes -> device tensors of the same shapes and values, views of
+        the buffer, sent in one copy."""
+        total = sum(a.size for a in arrays)
+        if total > self.host.shape[0]:
+            self._allocate(max(total, 2 * self.host.shape[0]))
+        if self._copied is not None:
+            self._copied.synchronize()  # returns at once, unless the last copy is still queued
+        views, offset = [], 0
+        for array in arrays:
+            self.host_array[offset : offset + array.size] = array.reshape(-1)
+            views.append((offset, array.size, array.shape))
+            offset += array.size
+        if self.on_device is not self.host:
+            self.on_device[:total].copy_(self.host[:total], non_blocking=True)
+            self._copied.record(torch.cuda.current_stream(self.device))  # the stream that copies
+        return [self.on_device[start : start + size].view(shape) for start, size, shape in views]
+
+
 def flatten_chunks(
-    chunks: Sequence[Chunk], block_size: int, device: torch.device, block_table: BlockTable | None = None
+    chunks: Sequence[Chunk],
+    block_size: int,
+    device: torch.device,
+    block_table: BlockTable | None = None,
+    buffer: InputBuffer | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
-    """-> (input_ids (N,), positions (N,), metadata) of one flat forward pass over `chunks`."""
+    """-> (input_ids (N,), positions (N,), metadata) of one flat forward pass over `chunks`,
+    uploaded through `buffer` (None: a buffer for this call alone); valid until its next use."""
     if block_table is None:
         block_table = BlockTable.of([c.block_table for c in chunks], block_size)
         rows = np.arange(len(chunks))
     else:
         rows = np.array([block_table.row_of[c.request_id] for c in chunks], dtype=np.int64)  # (S,)
-    input_ids: list[int] = []
+    token_ids: list[int] = []
     for chunk in chunks:
-        input_ids += chunk.token_ids
+        token_ids += chunk.token_ids
+    input_ids = np.array(token_ids, dtype=np.int64)  # (N,)
     starts = np.array([c.start for c in chunks], dtype=np.int64)  # (S,)
     num_new = np.array([len(c.token_ids) for c in chunks], dtype=np.int64)  # (S,)
     query_start_loc = np.concatenate([[0], np.cumsum(num_new)])  # (S + 1,)
@@ -66,15 +125,18 @@ def flatten_chunks(
     seq_of = np.repeat(np.arange(len(chunks)), num_new)  # (N,)
     positions = starts[seq_of] + np.arange(len(input_ids)) - query_start_loc[seq_of]  # (N,)
     slots = block_table.slot_mapping(rows[seq_of], positions)  # (N,)
+    host = HostMetadata(query_start_loc, starts + num_new, block_table.gather(rows))  # (S + 1,), (S,), (S, W)
 
-    def as_tensor(values: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(device)
-
-    meta = PagedAttentionMetadata(
-        slot_mapping=as_tensor(slots),
-        query_start_loc=as_tensor(query_start_loc),
-        context_lens=as_tensor(starts + num_new),
-        block_tables=as_tensor(block_table.gather(rows)),  # (S, longest table of the step)
-        max_query_len=int(num_new.max()),
+    buffer = buffer if buffer is not None else InputBuffer(device, size=0)
+    ids_t, positions_t, slots_t, query_start_loc_t, context_lens_t, block_tables_t = buffer.upload(
+        [input_ids, positions, slots, host.query_start_loc, host.context_lens, host.block_tables]
     )
-    return torch.tensor(input_ids, dtype=torch.long, device=device), as_tensor(positions), meta
+    meta = PagedAttentionMetadata(
+        slot_mapping=slots_t,
+        query_start_loc=query_start_loc_t,
+        context_lens=context_lens_t,
+        block_tables=block_tables_t,  # (S, longest table of the step)
+        max_query_len=int(num_new.max()),
+        host=host,
+    )
+    return ids_t, positions_t, meta

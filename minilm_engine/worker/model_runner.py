@@ -17,23 +17,31 @@ new blocks appended); it never asks the block manager.
 
     with D verifying 2 drafts:   [ ... | d9 x1 x2 | ... ]    logits at d9, x1 and x2
                                                              (`worker/spec_decode/rejection_sampler.py`)
+
+The step's inputs go to the device through buffers the runner keeps (`InputBuffer`: pinned and
+copied without waiting on a GPU), and whatever the host needs to know of the step (where each
+request's rows are) it reads from the numpy copies it built, never back from the device.  What
+it does read back is what the step returns: the sampled tokens (a greedy decode step reads
+nothing else), the logprobs asked for, which drafts pass (once for all verifying requests), and,
+for sampling rows, the sampler's check that each distribution is valid.
 """
 
 from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 
 from minilm_engine.model.attention.backends import AttentionBackend
 from minilm_engine.model.attention.context import PagedAttention
 from minilm_engine.model.attention.paged import PagedAttentionMetadata
 from minilm_engine.worker.block_table import BlockTable
-from minilm_engine.worker.input_batch import Chunk, flatten_chunks
+from minilm_engine.worker.input_batch import Chunk, InputBuffer, flatten_chunks
 from minilm_engine.model.attention.kv_cache import PagedKVCache
 from minilm_engine.model import CausalLM
 from minilm_engine.worker.sampler import gather_logprobs, sample_requests
-from minilm_engine.worker.spec_decode.rejection_sampler import rejection_sample
+from minilm_engine.worker.spec_decode.rejection_sampler import rejection_sample_batch
 from minilm_engine.worker.cuda_graphs import DecodeGraphRunner
 from minilm_engine.core.scheduler import SchedulerOutput
 from minilm_engine.core.outputs import PromptLogprobs, ModelRunnerOutput
@@ -53,6 +61,10 @@ class ModelRunner:
         self.block_table = block_table
         self.attention_backend = attention_backend
         self.decode_graphs = decode_graphs
+        # Kept for the runner's lifetime: the step's inputs; then the rows the LM head reads and
+        # the rejection sampler's indices (one after the other: the rows are used by then).
+        self.input_buffer = InputBuffer(model.device)
+        self.sample_buffer = InputBuffer(model.device, size=4 * block_table.block_ids.shape[0])
 
     def prepare(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
         """Apply the step's block-table changes, then build (input_ids (N,), positions (N,),
@@ -68,7 +80,7 @@ class ModelRunner:
             # A speculating decode computes its last token, then its drafts after it.
             token_ids = s.request.all_token_ids[start : end - len(s.spec_token_ids)] + s.spec_token_ids
             chunks.append(Chunk(rid, token_ids, start))
-        return flatten_chunks(chunks, table.block_size, self.model.device, table)
+        return flatten_chunks(chunks, table.block_size, self.model.device, table, self.input_buffer)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -98,12 +110,12 @@ class ModelRunner:
         verifying = [i for i, s in enumerate(scheduled) if s.draft is not None]
         if not plain and not verifying:
             return out
-        rows = meta.query_start_loc[1:][plain] - 1  # (num_plain,) each plain request's last row
-        if verifying:
-            ends = meta.query_start_loc[1:][verifying].tolist()
-            spans = [r for i, end in zip(verifying, ends) for r in range(end - 1 - len(scheduled[i].draft), end)]
-            rows = torch.cat([rows, torch.tensor(spans, device=rows.device)])
-        logits = self.model.compute_logits(hidden[rows])  # (num_plain + sum of k + 1, V)
+        # Which rows: from the host's copy of the offsets (no read-back), sent over in one copy.
+        ends = meta.on_host().query_start_loc[1:]  # (S,) one past each request's last row
+        rows = [ends[plain] - 1]  # (num_plain,) each plain request's last row
+        rows += [np.arange(ends[i] - 1 - len(scheduled[i].draft), ends[i]) for i in verifying]  # (k + 1,) each
+        (rows,) = self.sample_buffer.upload([np.concatenate(rows)])
+        logits = self.model.compute_logits(hidden.index_select(0, rows))  # (num_plain + sum of k + 1, V)
         if plain:
             sampled = sample_requests(logits[: len(plain)], [scheduled[i].request for i in plain])
             for i, token, logprobs in zip(plain, sampled.token_ids.tolist(), sampled.logprobs):
@@ -119,7 +131,7 @@ class ModelRunner:
         logprob), in float32 log-softmax of the raw logits."""
         found: list[PromptLogprobs | None] = [None] * len(scheduled)
         asking = [i for i, s in enumerate(scheduled) if s.request.sampling_params.prompt_logprobs is not None]
-        starts = meta.query_start_loc.tolist() if asking else None
+        starts = meta.on_host().query_start_loc.tolist() if asking else None  # the host's copy: no read-back
         for i in asking:
             s = scheduled[i]
             k = s.request.sampling_params.prompt_logprobs
@@ -136,13 +148,12 @@ class ModelRunner:
 
     def _verify(self, scheduled, verifying, logits, results) -> None:
         """Speculative decoding: `logits` (sum of k + 1, V) at the last k + 1 rows of each
-        verifying request (its last token and its k drafts), then the rejection sampler per
-        request."""
-        offset = 0
-        for i in verifying:
-            s = scheduled[i]
-            k = len(s.draft)
-            results[i] = rejection_sample(
-                s.draft, logits[offset : offset + k + 1], s.request.sampling_params, s.request.generator
-            )
-            offset += k + 1
+        verifying request (its last token and its k drafts), then the rejection sampler for all
+        of them at once."""
+        requests = [scheduled[i].request for i in verifying]
+        accepted = rejection_sample_batch(
+            [scheduled[i].draft for i in verifying], logits,
+            [r.sampling_params for r in requests], [r.generator for r in requests], self.sample_buffer,
+        )
+        for i, tokens in zip(verifying, accepted):
+            results[i] = tokens

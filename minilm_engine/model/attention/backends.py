@@ -9,9 +9,9 @@ methods that the model's attention context (`context.PagedAttention`) calls in t
         out = backend.attend(q, k_cache, v_cache, plan)               q: (N, H, D) -> (N, H, D)
 
 The plan is whatever the backend works out once from the step's metadata and every layer
-reuses: the torch reference's gather indices (`paged.ReferencePlan`, read from the host once),
-the Triton backend's choice of kernel (`TritonPlan`, from shapes only, so no host sync and a
-CUDA graph can record it).  It belongs to the step, not to the metadata: the same metadata
+reuses: the torch reference's gather indices (`paged.ReferencePlan`, built with numpy from the
+metadata's host copies, so nothing is read back from the device), the Triton backend's choice
+of kernel (`TritonPlan`, from shapes only, so no host sync and a CUDA graph can record it).  It belongs to the step, not to the metadata: the same metadata
 planned by two backends gives two plans.  `attend(q, k_cache, v_cache, meta)` (metadata instead
 of a plan) plans on the spot, for one-off calls.
 

@@ -13,6 +13,11 @@ into one row of tokens (no padding), prefill chunks and single decode tokens sid
 
     slot of token j of a sequence = block_table[j // block_size] * block_size + j % block_size
 
+Whoever builds the metadata on the host keeps its host copies (`HostMetadata`) beside the
+uploaded tensors, and the torch reference plans from those: reading a tensor back from a GPU
+(`.cpu()`, `.item()`, `.tolist()`) makes the host wait until every kernel queued before it has
+run, and a step that waits on itself cannot prepare the next launch while the GPU works.
+
 Nothing here owns memory: the cache tensors belong to `kv_cache.paged.PagedKVCache`, which
 imports this module (never the other way round).
 """
@@ -27,6 +32,31 @@ import torch
 from minilm_engine.model.attention.reference import attention
 
 
+@dataclass(eq=False)
+class HostMetadata:
+    """The step's lengths and tables on the host (numpy), exactly what was uploaded into the
+    tensors of the same names: what the host needs of a step, it reads here, never back from
+    the device.
+
+    query_start_loc: (S + 1,) int64     context_lens: (S,) int64     block_tables: (S, W) int64
+    """
+
+    query_start_loc: np.ndarray
+    context_lens: np.ndarray
+    block_tables: np.ndarray
+
+    @property
+    def num_queries(self) -> np.ndarray:
+        """(S,) new tokens of each sequence this step (1: a decode)."""
+        return np.diff(self.query_start_loc)
+
+    def __eq__(self, other: object) -> bool:  # arrays compare element by element
+        if not isinstance(other, HostMetadata):
+            return NotImplemented
+        return all(np.array_equal(getattr(self, f), getattr(other, f))
+                   for f in ("query_start_loc", "context_lens", "block_tables"))
+
+
 @dataclass
 class PagedAttentionMetadata:
     """Where this step's tokens go and what each sequence may look at.
@@ -37,6 +67,10 @@ class PagedAttentionMetadata:
     block_tables: (S, max_blocks_per_seq) int64 block ids (rows padded with 0)
     max_query_len: the most new tokens of one sequence, when the host knows it (the prefill
         kernel sizes its grid with it; None: computed from query_start_loc, a device sync)
+    host: the same lengths and tables as the host built them (`HostMetadata`); None for
+        metadata made from tensors alone (a test's, a notebook's), which `on_host` reads back
+
+    Invariant: `host`, when given, holds the values of the three tensors of the same names.
     """
 
     slot_mapping: torch.Tensor
@@ -44,6 +78,7 @@ class PagedAttentionMetadata:
     context_lens: torch.Tensor
     block_tables: torch.Tensor
     max_query_len: int | None = None
+    host: HostMetadata | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -52,6 +87,15 @@ class PagedAttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return self.slot_mapping.shape[0]
+
+    def on_host(self) -> HostMetadata:
+        """The host copies: kept ones (the engine's steps), or read back now (one sync each on
+        a GPU) for metadata that came without them."""
+        if self.host is not None:
+            return self.host
+        return HostMetadata(
+            self.query_start_loc.cpu().numpy(), self.context_lens.cpu().numpy(), self.block_tables.cpu().numpy()
+        )
 
 
 def write_kv_reference(
@@ -153,21 +197,21 @@ def plan_reference_attention(meta: PagedAttentionMetadata, block_size: int, num_
     """Split a step's sequences into a decode group and a chunk group and build their indices.
 
     Built on the host, with numpy (a few microseconds an operation, where a small torch op
-    costs several times that): one read of the step's lengths and tables, none per layer.
+    costs several times that), from the step's host copies (`meta.on_host()`): nothing is read
+    back from the device, and nothing is planned per layer.
     """
-    starts = meta.query_start_loc.cpu().numpy()
-    num_queries = starts[1:] - starts[:-1]  # (S,)
-    host = (starts, num_queries, meta.context_lens.cpu().numpy(), meta.block_tables.cpu().numpy())
+    host = meta.on_host()
+    num_queries = host.num_queries  # (S,)
     decodes, chunks = np.flatnonzero(num_queries == 1), np.flatnonzero(num_queries > 1)
     device = meta.context_lens.device
     groups = [_group(host, seqs, block_size, num_kv_heads, device) for seqs in (decodes, chunks) if len(seqs)]
     return ReferencePlan(meta, block_size, num_kv_heads, groups, covers_all_rows=not len(chunks))
 
 
-def _group(host, seqs: np.ndarray, block_size: int, num_kv_heads: int, device: torch.device) -> AttentionGroup:
-    all_starts, all_num_queries, all_context_lens, all_tables = host
-    starts, num_queries = all_starts[seqs], all_num_queries[seqs]  # (S,)
-    context_lens = all_context_lens[seqs]  # (S,)
+def _group(host: HostMetadata, seqs: np.ndarray, block_size: int, num_kv_heads: int,
+           device: torch.device) -> AttentionGroup:
+    starts, num_queries = host.query_start_loc[seqs], host.num_queries[seqs]  # (S,)
+    context_lens = host.context_lens[seqs]  # (S,)
     T, L = int(num_queries.max()), int(context_lens.max())
     # Query t of a sequence sits at position context_len - num_queries + t (the last ones).
     t = np.minimum(np.arange(T)[None, :], num_queries[:, None] - 1)  # (S, T)
@@ -177,13 +221,18 @@ def _group(host, seqs: np.ndarray, block_size: int, num_kv_heads: int, device: t
     mask = key_pos[None, None, :] <= query_pos[:, :, None]  # (S, T, L)
     # Key l of a sequence: its slot from the block table (see the module docstring).
     key_pos = np.where(key_pos[None, :] < context_lens[:, None], key_pos[None, :], 0)  # (S, L)
-    block_ids = np.take_along_axis(all_tables[seqs], key_pos // block_size, axis=1)
+    block_ids = np.take_along_axis(host.block_tables[seqs], key_pos // block_size, axis=1)
     slots = block_ids * block_size + key_pos % block_size  # (S, L)
     key_rows = slots[:, None, :] * num_kv_heads + np.arange(num_kv_heads)[None, :, None]  # (S, H_kv, L)
     real_queries = np.flatnonzero(np.arange(T)[None, :] < num_queries[:, None])  # of the S * T
 
     def to_device(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+        # On a GPU through pinned memory, without waiting: a copy from ordinary (pageable)
+        # memory makes the host wait for the GPU.  On a CPU, the numpy array itself.
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if device.type == "cuda":
+            tensor = tensor.pin_memory()
+        return tensor.to(device, non_blocking=True)
 
     return AttentionGroup(
         to_device(query_rows), to_device(key_rows), to_device(mask), to_device(real_queries),

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from minilm_engine.model.attention.backends import AttentionBackend
-from minilm_engine.worker.input_batch import Chunk, flatten_chunks
+from minilm_engine.worker.input_batch import Chunk, InputBuffer, flatten_chunks
 from minilm_engine.core.kv_cache_manager import BlockManager
 from minilm_engine.core.block_pool import BlockPool
 from minilm_engine.model.attention.context import PagedAttention
@@ -107,6 +107,7 @@ class DraftModelProposer:
         self.block_manager = BlockManager(self.block_pool, block_size, enable_prefix_caching)
         self.cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, model.device)
         self.attention_backend = attention_backend
+        self.input_buffer = InputBuffer(model.device)  # every pass's inputs, reused (`input_batch.py`)
         self.num_computed_tokens: dict[str, int] = {}
 
     # -- a round ----------------------------------------------------------------------------
@@ -180,7 +181,8 @@ class DraftModelProposer:
     def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
         """-> (num_chunks, V) logits at each chunk's last token.  Writes the chunks'
         keys/values into the draft's cache."""
-        ids, pos, meta = flatten_chunks(chunks, self.block_manager.block_size, self.model.device)
+        ids, pos, meta = flatten_chunks(chunks, self.block_manager.block_size, self.model.device,
+                                        buffer=self.input_buffer)
         for chunk in chunks:
             self.num_computed_tokens[chunk.request_id] = chunk.end
         attn = PagedAttention(self.cache, meta, self.attention_backend)
