@@ -7,7 +7,9 @@ token; the request then decides by itself whether it is done (EOS, a stop token,
 way vLLM does: "stop" (stop_reason: the stop string or stop token id; None for EOS) or "length".
 Token ids keep the token that stopped it; text drops stop strings (unless
 `include_stop_str_in_output`).  A request that asked for logprobs gets them with each token
-(`append_logprobs`), and its prompt's, chunk by chunk (`append_prompt_logprobs`).
+(`append_logprobs`), and its prompt's, chunk by chunk (`append_prompt_logprobs`).  A request
+with structured outputs carries its `grammar` (`core/structured_output/`): each appended token
+advances it, and a terminated grammar stops the request as EOS does (finish_reason "stop").
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from minilm_engine.core.outputs import (
 )
 from minilm_engine.core.outputs import TokenLogprobs
 from minilm_engine.core.sampling_params import SamplingParams
+from minilm_engine.core.structured_output import Grammar
 
 
 class RequestStatus(enum.Enum):
@@ -85,6 +88,9 @@ class Request:
     logprobs: list[PositionLogprobs] | None = field(default=None, repr=False)
     cumulative_logprob: float | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = field(default=None, repr=False)
+    # Structured outputs: this request's matcher (None: unconstrained); the sampler masks the
+    # tokens it does not allow, and every appended token advances it.
+    grammar: Grammar | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # Prompt and outputs in one list, kept up to date token by token: the engine reads it
@@ -189,6 +195,9 @@ class Request:
         self.metrics.token_times.append(now)
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
+        if self.grammar is not None and not self.grammar.accept_token(token_id):
+            # The sampler allowed only what the grammar allows: this is an engine bug.
+            raise RuntimeError(f"request {self.request_id!r}: token {token_id} is not allowed by its grammar")
 
     def is_stop_token(self, token_id: int) -> bool:
         """Whether this token would end the request (a stop token id, or EOS unless ignored)."""
@@ -203,6 +212,9 @@ class Request:
             # vLLM's stop_reason: the stop token id, or None when EOS ended it.
             is_eos = token not in params.stop_token_ids
             self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, None if is_eos else token
+            return
+        if self.grammar is not None and self.grammar.is_terminated:  # (with ignore_eos)
+            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, None
             return
         for stop in params.stop_strings:
             at = self.output_text.find(stop)

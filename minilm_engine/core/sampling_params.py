@@ -10,12 +10,71 @@ top-k, min-p and seed do not matter.  The ranges are vLLM's:
     min_p in [0, 1]             min_tokens >= 0 (and <= max_tokens)
     logprobs, prompt_logprobs   None or >= 0 top tokens (the engine caps them: max_logprobs, 20)
     logit_bias                  {token id: bias}, biases in [-100, 100] (OpenAI's range)
+    structured_outputs          None or a `StructuredOutputsParams` with exactly one of json,
+                                json_object, regex, choice, grammar (checked by the grammar
+                                library at construction: `core/structured_output/`)
 """
 
 from __future__ import annotations
 
+import json as _json  # `json` is a field of StructuredOutputsParams
 import math
 from dataclasses import dataclass, field, replace
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's: the output must follow one grammar.  Exactly one of the five is set:
+
+        json         a JSON schema (a dict, or its JSON text) the output validates against
+        json_object  True: any JSON object
+        regex        a regular expression the whole output matches
+        choice       the output is exactly one of these strings
+        grammar      an EBNF grammar in xgrammar's dialect (`root ::= "a" | "b"`)
+
+    `disable_any_whitespace` (JSON only): no whitespace between JSON tokens, where vLLM's default
+    allows any (a small model may otherwise fill its tokens with spaces)."""
+
+    json: dict | str | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        given = [name for name in _GRAMMAR_FIELDS if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs needs exactly one of {', '.join(_GRAMMAR_FIELDS)}, "
+                             f"got {', '.join(given) if given else 'none'}")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise TypeError(f"structured_outputs.json must be a JSON schema (a dict or its JSON text), got {self.json!r}")
+        if isinstance(self.json, str):
+            try:
+                _json.loads(self.json)
+            except ValueError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+        if self.json_object not in (None, True, False):
+            raise TypeError(f"structured_outputs.json_object must be true, got {self.json_object!r}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None:
+            if not isinstance(self.choice, (list, tuple)) or not self.choice or not all(
+                isinstance(c, str) for c in self.choice
+            ):
+                raise TypeError(f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}")
+            self.choice = list(self.choice)
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise TypeError(f"structured_outputs.disable_any_whitespace must be a bool, got {self.disable_any_whitespace!r}")
+        # Last: can the grammar library follow it? (ValueError naming the field if not.)
+        from minilm_engine.core.structured_output.grammar_spec import GrammarSpec, to_xgrammar
+
+        to_xgrammar(GrammarSpec.of(self))
+
+
+_GRAMMAR_FIELDS = ("json", "json_object", "regex", "choice", "grammar")
 
 
 @dataclass
@@ -41,6 +100,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None  # None: any tokens
     # filled in by __post_init__: stop strings as a list
     _stop_list: list[str] = field(default_factory=list, init=False, repr=False)
 
@@ -125,6 +185,8 @@ class SamplingParams:
                 if not -100.0 <= bias <= 100.0:
                     raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
             self.logit_bias = dict(self.logit_bias)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise TypeError(f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r}")
 
     @property
     def needs_processing(self) -> bool:

@@ -5,7 +5,8 @@ Contract: `InputProcessor.make_request` either returns a `Request` ready to sche
 request never disturbs the others.  `make_requests` fans a request with `n` > 1 out into n
 samples (vLLM's parent / child requests): ids "{i}_{request_id}", params `params.for_sample(i)`
 (seed + i when seeded), one tokenization, and samples 1..n-1 wait for sample 0's prompt so that
-they read its KV from the prefix cache.
+they read its KV from the prefix cache.  A request with `structured_outputs` gets its own
+grammar matcher (`core/structured_output/`: each grammar compiled once, on the first request).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from minilm_engine.core.request import Request
 from minilm_engine.core.sampling_params import SamplingParams
+from minilm_engine.core.structured_output import StructuredOutputManager
 
 PromptType = str | dict[str, Any]
 SET_BY_CALLER = "set by the caller"  # a max_model_len_reason: the engine keeps it as it is
@@ -46,6 +48,7 @@ class InputProcessor:
         self.seed = seed
         self.max_logprobs = max_logprobs  # vLLM's max_logprobs: most top tokens per position
         self.max_n = max_n  # most samples per prompt
+        self.structured_outputs = StructuredOutputManager(tokenizer, vocab_size, eos_token_ids)
 
     def make_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0
@@ -134,6 +137,7 @@ class InputProcessor:
             max_model_len=self.max_model_len,
             generator=generator,
             priority=priority,
+            grammar=self.structured_outputs.new_grammar(params),
         )
 
     def context_note(self) -> str:

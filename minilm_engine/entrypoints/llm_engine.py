@@ -50,7 +50,8 @@ from minilm_engine.core.trace import ScheduledChunk, StepCallback, StepRecord, S
 # What the verification step does not compute: the rejection sampler draws from the target's
 # temperature / min-p / top-k / top-p distribution only, and keeps no per-token logprobs.
 _NOT_WITH_SPECULATION = ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
-                         "repetition_penalty", "logit_bias", "min_tokens")
+                         "repetition_penalty", "logit_bias", "min_tokens",
+                         "structured_outputs")  # a grammar would need rolling back with rejected drafts
 
 
 def check_speculation_supports(params: SamplingParams) -> None:
@@ -164,8 +165,8 @@ class LLMEngine:
 
     def _capture_decode_graphs(self) -> DecodeGraphRunner | None:
         """CUDA graphs for decode steps: on a CUDA GPU with the Triton backend, unless
-        `enforce_eager`.  The torch reference synchronises with the host (`.nonzero()`), which
-        a graph cannot record, so it always runs eagerly."""
+        `enforce_eager`.  The torch reference plans each step on the host (gather indices from the
+        metadata's host copies), which a graph would replay unchanged, so it always runs eagerly."""
         if self.config.enforce_eager or self.model.device.type != "cuda" or self.attention_backend.name != "triton":
             return None
         graphs = DecodeGraphRunner(

@@ -8,7 +8,10 @@ which other requests share its batch.
 `sample_requests(logits, requests)` is the engine's entry: it also applies the logits
 processors that depend on a request's history, before `sample`, in vLLM V1's order:
 
-    raw logits ──> logprobs = log_softmax(raw)            (what `logprobs` reports: the model's
+    raw logits ──> grammar rows: -inf where the grammar forbids the token (structured outputs,
+        │          `worker/structured_output.py`; as vLLM, before everything else)
+        ▼
+    logits ──────> logprobs = log_softmax(logits)            (what `logprobs` reports: the model's
         │                                                   own distribution, vLLM's default
         ▼                                                   "raw_logprobs")
     min_tokens: EOS and stop tokens -> -inf while fewer than min_tokens outputs exist
@@ -31,6 +34,7 @@ import torch
 
 from minilm_engine.core.sampling_params import SamplingParams
 from minilm_engine.core.outputs import TokenLogprobs
+from minilm_engine.worker.structured_output import apply_grammar_bitmask
 
 if TYPE_CHECKING:
     from minilm_engine.core.request import Request
@@ -252,6 +256,8 @@ class SamplerOutput:
 
 def sample_requests(logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
     """logits: (B, V) raw, one row per request -> next tokens, and the logprobs asked for."""
+    # 0. Structured outputs: the grammar rows' forbidden tokens -> -inf (a no-op without any).
+    logits = apply_grammar_bitmask(logits, requests)
     # 1. Logprobs of the raw model, for the rows that asked (before anything changes logits).
     asking = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None]
     raw_logprobs = torch.log_softmax(logits[asking].float(), dim=-1) if asking else None  # (A, V)

@@ -1,0 +1,177 @@
+"""Structured outputs (vLLM's names, xgrammar's matcher): the grammar decides, the model fills in.
+
+Whatever the (tiny, random) model prefers, the token mask forces a valid output: a choice is one
+of the choices, a regex matches in full, JSON parses and validates.  Requests without a grammar
+are untouched, token for token, even in a batch with constrained ones.  Each grammar compiles
+once.  Bad specs fail at `SamplingParams` (and at the server, as a 400 naming the wire field).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from minilm_engine import LLM
+from minilm_engine.core.sampling_params import SamplingParams, StructuredOutputsParams
+from minilm_engine.worker.structured_output import unpack_bitmask
+
+# Short, bounded values: a random model would otherwise write a string until max_tokens.
+ORDER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "dish": {"type": "string", "enum": ["ramen", "udon", "soba"]},
+        "spicy": {"type": "boolean"},
+        "bowls": {"type": "integer", "minimum": 1, "maximum": 9},
+        "note": {"type": "string", "pattern": "^[a-z ]{0,8}$"},  # (xgrammar lets a free string hold raw control characters)
+    },
+    "required": ["dish", "spicy", "bowls", "note"],
+    "additionalProperties": False,
+}
+
+
+def validate_order(order: object) -> None:
+    """ORDER_SCHEMA's checks (jsonschema's, where it is installed)."""
+    try:
+        import jsonschema
+    except ImportError:
+        assert isinstance(order, dict) and list(order) == ["dish", "spicy", "bowls", "note"]
+        assert order["dish"] in ("ramen", "udon", "soba") and isinstance(order["spicy"], bool)
+        assert type(order["bowls"]) is int and 1 <= order["bowls"] <= 9
+        assert re.fullmatch("[a-z ]{0,8}", order["note"])
+        return
+    jsonschema.validate(order, ORDER_SCHEMA)
+
+
+PROMPTS = ["Order for table 7:", "Hello", "A bowl of noodles, please."]
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoints):
+    return LLM(checkpoints["llama"].path, record_trace=False)
+
+
+def constrained(temperature: float = 0.0, max_tokens: int = 80, seed: int | None = 3, **grammar) -> SamplingParams:
+    return SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed,
+                          structured_outputs=StructuredOutputsParams(**grammar))
+
+
+def texts(llm, params: SamplingParams) -> list[tuple[str, str]]:
+    return [(o.outputs[0].text, o.outputs[0].finish_reason) for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+# -- validation at the boundary ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({}, "exactly one of json, json_object, regex, choice, grammar, got none"),
+    ({"regex": "a+", "choice": ["a"]}, "got regex, choice"),
+    ({"json": {"type": "foo"}}, "structured_outputs.json: a JSON schema"),
+    ({"json": "{not json"}, "structured_outputs.json is not valid JSON"),
+    ({"regex": "a("}, "structured_outputs.regex: a regular expression"),
+    ({"grammar": "root ::= missing"}, "structured_outputs.grammar: a grammar"),
+])
+def test_bad_specs_fail_at_construction_naming_the_field(kwargs, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        StructuredOutputsParams(**kwargs)
+
+
+def test_wrong_types_are_type_errors():
+    with pytest.raises(TypeError, match="structured_outputs.choice"):
+        StructuredOutputsParams(choice="ramen")
+    with pytest.raises(TypeError, match="structured_outputs must be a StructuredOutputsParams"):
+        SamplingParams(structured_outputs={"regex": "a"})
+
+
+def test_speculative_decoding_refuses_a_grammar(checkpoints):
+    spec = LLM(checkpoints["llama"].path, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="structured_outputs is not supported with speculative decoding"):
+        spec.generate("Hello", constrained(choice=["a", "b"]), use_tqdm=False)
+
+
+# -- the mask forces valid outputs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_choice_output_is_one_of_the_choices(llm, temperature):
+    choices = ["ramen", "udon", "soba noodles"]
+    for text, reason in texts(llm, constrained(temperature, choice=choices)):
+        assert text in choices and reason == "stop"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_regex_output_matches_in_full(llm, temperature):
+    pattern = r"table [0-9]{1,2}: (ramen|udon) x[1-4]"
+    for text, reason in texts(llm, constrained(temperature, regex=pattern)):
+        assert re.fullmatch(pattern, text) and reason == "stop"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_output_parses_and_validates(llm, temperature):
+    for text, reason in texts(llm, constrained(temperature, json=ORDER_SCHEMA, disable_any_whitespace=True)):
+        assert reason == "stop", text
+        validate_order(json.loads(text))
+
+
+def test_json_object_output_is_an_object(llm):
+    params = constrained(1.0, max_tokens=120, json_object=True, disable_any_whitespace=True)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    finished = [o.outputs[0].text for o in outputs if o.outputs[0].finish_reason == "stop"]
+    assert finished  # a random model may nest until max_tokens; the ones that end must parse
+    for text in finished:
+        assert isinstance(json.loads(text), dict)
+
+
+def test_a_finished_grammar_stops_even_with_ignore_eos(llm):
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True,
+                            structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    (out,) = llm.generate("Hello", params, use_tqdm=False)
+    assert out.outputs[0].text in ("yes", "no") and out.outputs[0].finish_reason == "stop"
+    assert len(out.outputs[0].token_ids) < 50
+
+
+# -- compile once; the mask; the others untouched ----------------------------------------------
+
+
+def test_each_grammar_is_compiled_once(llm):
+    params = constrained(json=ORDER_SCHEMA, disable_any_whitespace=True, max_tokens=4)
+    llm.generate(PROMPTS, params, use_tqdm=False)
+    backend = llm.input_processor.structured_outputs.backend
+    before = backend.num_compiled
+    llm.generate(PROMPTS * 2, params, use_tqdm=False)  # six more requests, the same schema
+    llm.generate("Hello", constrained(json=json.loads(json.dumps(ORDER_SCHEMA)), disable_any_whitespace=True,
+                                      max_tokens=4), use_tqdm=False)  # an equal schema, another dict
+    assert backend.num_compiled == before
+    llm.generate("Hello", constrained(regex="[a-z]{3}", max_tokens=4), use_tqdm=False)
+    assert backend.num_compiled == before + 1
+
+
+def test_unpacked_bitmask_masks_as_xgrammar_does():
+    xgr = pytest.importorskip("xgrammar")
+    vocab_size = 100
+    generator = torch.Generator().manual_seed(0)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 4), dtype=torch.int32, generator=generator)
+    logits = torch.randn(3, 104, generator=generator)  # wider than the grammar's vocabulary
+    want = logits.clone()
+    xgr.apply_token_bitmask_inplace(want, bitmask, vocab_size=vocab_size)
+    want[:, vocab_size:] = float("-inf")  # ids the grammar does not know are never allowed
+    allowed = unpack_bitmask(bitmask, 104)
+    allowed[:, vocab_size:] = False
+    got = logits.masked_fill(~allowed, float("-inf"))
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_unconstrained_requests_are_token_exact_beside_constrained_ones(llm, temperature):
+    plain = SamplingParams(temperature=temperature, seed=11, max_tokens=12, ignore_eos=True)
+    alone = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, plain, use_tqdm=False)]
+    grammars = [constrained(temperature, choice=["ramen", "udon"]),
+                constrained(temperature, json=ORDER_SCHEMA, disable_any_whitespace=True),
+                constrained(temperature, regex="[0-9]{2,5}")]
+    mixed = llm.generate([p for p in PROMPTS for _ in range(2)],
+                         [params for pair in zip([plain] * 3, grammars) for params in pair], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in mixed[::2]] == alone
+    assert mixed[1].outputs[0].text in ("ramen", "udon")
+    assert re.fullmatch("[0-9]{2,5}", mixed[5].outputs[0].text)
