@@ -136,6 +136,13 @@ def test_the_package_function_gets_a_nudge_not_a_pass(setup):
         assert_fails(build.check("slot_mapping", fn, setup), "package's own", "write it yourself")
 
 
+@pytest.mark.parametrize("piece", ["append_and_attend", "num_tokens_this_step", "accept_drafts", "int8_weight",
+                                   "int4_weight"])
+def test_the_package_function_of_each_piece_gets_a_nudge(piece, setup):
+    own = pluggable.default(build.get_piece(piece).registry_name)
+    assert_fails(build.check(piece, own, setup), "package's own", "write it yourself")
+
+
 def test_calling_the_package_function_inside_gets_a_nudge(setup):
     def wrapper(table, block_size, start, end):
         return block_table.slot_mapping(table, block_size, start, end)
@@ -251,18 +258,37 @@ def test_the_chunk_workload_chunks(setup):
     assert any(len(step) > 1 for step in want.schedule)  # prefill chunks beside decodes
 
 
+def test_chunk_budget_both_flag_values_run_in_the_engine(setup):
+    result = build.check("num_tokens_this_step", my_num_tokens, setup)
+    assert result.passed, result
+    assert any("enable_chunked_prefill=True" in d for d in result.details), result
+    assert any("enable_chunked_prefill=False" in d for d in result.details), result
+    assert sum(map(len, reference_run(setup, admit_args(setup)[0]).schedule)) > 0
+
+
 def test_chunk_budget_ignoring_running_decodes(setup):
     def per_request(remaining, scheduled, max_batched, chunked):
         return min(remaining, max_batched)
 
-    assert_fails(build.check("num_tokens_this_step", per_request, setup), "max_num_batched_tokens is", "whole step")
+    assert_fails(build.check("num_tokens_this_step", per_request, setup), "after 3 of the 8-token budget are taken",
+                 "the reference 5")
+
+
+def test_chunk_budget_ignoring_the_flag(setup):
+    # The mistake the engine runs alone never showed: every workload ran with chunking on.
+    def always_chunk(remaining, scheduled, max_batched, chunked):
+        return min(remaining, max_batched - scheduled)
+
+    assert_fails(build.check("num_tokens_this_step", always_chunk, setup), "enable_chunked_prefill=False",
+                 "with chunking off, a prompt that does not fit whole waits")
 
 
 def test_chunk_budget_without_chunking(setup):
     def never_chunk(remaining, scheduled, max_batched, chunked):
         return remaining if remaining <= max_batched - scheduled else 0
 
-    assert_fails(build.check("num_tokens_this_step", never_chunk, setup), "starved")
+    assert_fails(build.check("num_tokens_this_step", never_chunk, setup), "enable_chunked_prefill=True",
+                 "with chunking on, a prompt that does not fit takes what is left")
 
 
 def test_chunk_budget_one_short(setup):
@@ -270,7 +296,17 @@ def test_chunk_budget_one_short(setup):
         left = max_batched - scheduled
         return remaining if remaining <= left else max(left - 1, 0)
 
-    assert_fails(build.check("num_tokens_this_step", one_short, setup), "the reference scheduler runs")
+    assert_fails(build.check("num_tokens_this_step", one_short, setup), "enable_chunked_prefill=True",
+                 "your function runs 7, the reference 8")
+
+
+def test_chunk_budget_refusing_an_exact_fit(setup):
+    def strict(remaining, scheduled, max_batched, chunked):
+        left = max_batched - scheduled
+        return remaining if remaining < left else (left if chunked else 0)
+
+    assert_fails(build.check("num_tokens_this_step", strict, setup), "enable_chunked_prefill=False",
+                 "all 8 fit in the 8 left")
 
 
 def test_chunk_budget_out_of_range(setup):
@@ -284,14 +320,50 @@ def test_append_and_attend_forgetting_the_cache(setup):
         return out if start == 0 else my_append_and_attend(torch.zeros_like(k_cache), torch.zeros_like(v_cache),
                                                            start, q, k, v, mask[..., : start + T])
 
-    assert_fails(build.check("append_and_attend", no_cache, setup), "greedy tokens differ", "token 1")
+    assert_fails(build.check("append_and_attend", no_cache, setup), "k_cache[:, :, 0:5] does not hold this step's keys")
 
 
 def test_append_and_attend_without_the_scale(setup):
     def unscaled(k_cache, v_cache, start, q, k, v, mask):
+        return my_append_and_attend(k_cache, v_cache, start, q * math.sqrt(q.shape[-1]), k, v, mask)
+
+    def half_scaled(k_cache, v_cache, start, q, k, v, mask):
         return my_append_and_attend(k_cache, v_cache, start, q * math.sqrt(q.shape[-1]) * 0.5, k, v, mask)
 
-    assert_fails(build.check("append_and_attend", unscaled, setup), "greedy tokens differ")
+    assert_fails(build.check("append_and_attend", unscaled, setup), "not divided by sqrt(head_dim)")
+    assert_fails(build.check("append_and_attend", half_scaled, setup), "differs from the reference attention")
+
+
+def test_append_and_attend_ignoring_the_mask(setup):
+    def unmasked(k_cache, v_cache, start, q, k, v, mask):
+        return my_append_and_attend(k_cache, v_cache, start, q, k, v, torch.ones_like(mask))
+
+    assert_fails(build.check("append_and_attend", unmasked, setup), "mask is False", "-inf")
+
+
+def test_append_and_attend_wrong_kv_head_for_a_query_head(setup):
+    # repeat tiles the K/V heads (0 1 0 1 ...): query head h reads h % H_kv, not h // group.
+    def tiled(k_cache, v_cache, start, q, k, v, mask):
+        T = q.shape[1]
+        k_cache[:, :, start : start + T] = k.transpose(1, 2)
+        v_cache[:, :, start : start + T] = v.transpose(1, 2)
+        group = q.shape[2] // k_cache.shape[1]
+        keys = k_cache[:, :, : start + T].repeat(1, group, 1, 1)
+        values = v_cache[:, :, : start + T].repeat(1, group, 1, 1)
+        scores = q.transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(~mask[:, None], float("-inf"))
+        return (scores.softmax(-1) @ values).transpose(1, 2)
+
+    assert_fails(build.check("append_and_attend", tiled, setup),
+                 "query head 1 read K/V head 1; with 4 query heads per K/V head it should read head 0")
+
+
+def test_the_engine_check_runs_a_model_with_several_kv_heads(setup):
+    from minilm_engine.model.loader import resolve_model_path
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(resolve_model_path(setup.model))
+    assert config.num_key_value_heads > 1 and config.num_attention_heads // config.num_key_value_heads > 1
 
 
 def test_append_and_attend_wrong_shape(setup):
@@ -301,7 +373,7 @@ def test_append_and_attend_wrong_shape(setup):
     assert_fails(build.check("append_and_attend", heads_first, setup), "q's shape")
 
 
-def accept_rule(accept, resample="residual", bonus=True):
+def accept_rule(accept, resample="residual", bonus=True, bonus_from="p[k]"):
     def rule(drafts, p, q, generator):
         out = []
         for i, d in enumerate(drafts):
@@ -312,7 +384,8 @@ def accept_rule(accept, resample="residual", bonus=True):
             out.append(int(torch.multinomial(dist / dist.sum(), 1, generator=generator)))
             return out
         if bonus:
-            out.append(int(torch.multinomial(p[len(drafts)], 1, generator=generator)))
+            row = {"p[k]": p[len(drafts)], "p[k-1]": p[len(drafts) - 1], "q[k-1]": q[len(drafts) - 1]}[bonus_from]
+            out.append(int(torch.multinomial(row, 1, generator=generator)))
         return out
 
     return rule
@@ -330,6 +403,21 @@ def accept_rule(accept, resample="residual", bonus=True):
 )
 def test_wrong_accept_rules_fail_the_distribution_test(rule, setup):
     assert_fails(build.check("accept_drafts", rule, setup), "not distributed as the target's", "chi-square")
+
+
+@pytest.mark.parametrize("bonus_from, fits", [("p[k-1]", "p[1]"), ("q[k-1]", "q[1]")])
+def test_accept_rule_bonus_token_from_the_wrong_row(bonus_from, fits, setup):
+    # Only the bonus token is wrong: the first tokens pass their tests, the bonus position does not.
+    rule = accept_rule(lambda p, q: min(1.0, float(p / q)), bonus_from=bonus_from)
+    assert_fails(build.check("accept_drafts", rule, setup), "bonus token (after all 2 drafts were accepted)",
+                 "row p[2]", f"they fit {fits} instead")
+
+
+def test_accept_rule_every_position_is_tested(setup):
+    result = build.check("accept_drafts", my_accept, setup)
+    assert result.passed, result
+    for what in ("first appended token", "token at position 1", "bonus token"):
+        assert what in result.details[0], result
 
 
 def test_accept_rule_without_the_bonus_token(setup):
@@ -379,8 +467,41 @@ def test_int4_symmetric_and_per_tensor(setup):
         codes = torch.round((w - lo) / scales[:, :1]).clamp(0, 15)
         return codes.to(torch.uint8), scales, lo.expand(N, K // group_size).contiguous()
 
-    assert not build.check("int4_weight", symmetric, setup).passed
-    assert_fails(build.check("int4_weight", per_row, setup), "expected")
+    assert_fails(build.check("int4_weight", symmetric, setup), "your scale is", "expected at most")
+    assert_fails(build.check("int4_weight", per_row, setup), "your scale is", "expected at most")
+
+
+def test_int4_with_a_zero_point_passes(setup):
+    # A right answer that is not the package's recipe: codes shifted by an integer zero point,
+    # so w ~ (codes - zero) * scale; every weight is still within half of its group's step.
+    def zero_point(w, group_size):
+        N, K = w.shape
+        groups = w.view(N, K // group_size, group_size)
+        lo, hi = groups.amin(-1), groups.amax(-1)
+        scales = (hi - lo) / 15
+        zero = torch.round(-lo / scales)
+        codes = (torch.round(groups / scales[..., None]) + zero[..., None]).clamp(0, 15)
+        return codes.to(torch.uint8).view(N, K), scales, -zero * scales
+
+    result = build.check("int4_weight", zero_point, setup)
+    assert result.passed, result
+    assert result.details[0].startswith("alone:"), result
+
+
+def test_int8_with_float16_scales_passes(setup):
+    def half_scales(w):
+        scales = (w.abs().amax(dim=1) / 127).half()
+        return torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8), scales
+
+    assert build.check("int8_weight", half_scales, setup).passed
+
+
+def test_int8_codes_of_minus_128(setup):
+    def asymmetric_range(w):
+        codes, scales = my_int8(w)
+        return torch.where(codes == -127, torch.full_like(codes, -128), codes), scales
+
+    assert_fails(build.check("int8_weight", asymmetric_range, setup), "-127..127")
 
 
 # -- the whole engine at once ---------------------------------------------------------------------
@@ -424,14 +545,17 @@ def _decode_body(
     stride_q_token, stride_q_head, stride_out_token, stride_out_head,
     stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
     block_size, num_queries_per_kv, head_dim,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, RESCALE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
 ):
+    # MODE 0: right; 1: the rescale forgotten; 2: zeros stored; 3: query heads strided over K/V heads.
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     context_len = tl.load(context_lens_ptr + seq)
     group = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, BLOCK_D)
     heads = kv_head * num_queries_per_kv + group
+    if MODE == 3:
+        heads = kv_head + group * (tl.num_programs(1))  # query head h reads K/V head h % H_kv
     mask_g, mask_d = group < num_queries_per_kv, dims < head_dim
     q_mask = mask_g[:, None] & mask_d[None, :]
     q = tl.load(q_ptr + seq * stride_q_token + heads[:, None] * stride_q_head + dims[None, :], mask=q_mask, other=0.0)
@@ -452,13 +576,15 @@ def _decode_body(
         s = tl.where(mask_n[None, :], s, float("-inf"))
         new_best = tl.maximum(best, tl.max(s, axis=1))
         shrink = tl.exp(best - new_best)
-        if not RESCALE:
+        if MODE == 1:
             shrink = shrink * 0.0 + 1.0  # the usual slip: old sums kept against the old maximum
         e = tl.exp(s - new_best[:, None])
         total = total * shrink + tl.sum(e, axis=1)
         weighted = weighted * shrink[:, None] + tl.sum(e[:, :, None] * v[None, :, :], axis=1)
         best = new_best
     out = weighted / total[:, None]
+    if MODE == 2:
+        out = out * 0.0
     offset = seq * stride_out_token + heads[:, None] * stride_out_head + dims[None, :]
     tl.store(out_ptr + offset, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
@@ -474,7 +600,7 @@ def my_decode_kernel(
     _decode_body(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
                  stride_q_token, stride_q_head, stride_out_token, stride_out_head,
                  stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
-                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, True)
+                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, 0)
 
 
 @triton.jit
@@ -488,7 +614,35 @@ def no_rescale_decode_kernel(
     _decode_body(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
                  stride_q_token, stride_q_head, stride_out_token, stride_out_head,
                  stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
-                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, False)
+                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, 1)
+
+
+@triton.jit
+def zeros_decode_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+    stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+    stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+    block_size, num_queries_per_kv, head_dim,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    _decode_body(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+                 stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+                 stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, 2)
+
+
+@triton.jit
+def strided_heads_decode_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+    stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+    stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+    block_size, num_queries_per_kv, head_dim,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    _decode_body(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+                 stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+                 stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, 3)
 
 
 @pytest.fixture(scope="module")
@@ -506,10 +660,31 @@ def kernel_setup(setup) -> BuildSetup:
 
 
 @pytest.mark.slow  # the interpreter runs every program instance in Python: ~1-2 min on 2 busy cores
-def test_decode_kernel_correct_passes_and_forgetting_the_rescale_fails(kernel_setup, interpreted):
+def test_decode_kernel_correct_passes(kernel_setup, interpreted):
     result = build.check("decode_kernel", my_decode_kernel, kernel_setup)
     assert result.passed, result
-    assert_fails(build.check("decode_kernel", no_rescale_decode_kernel, kernel_setup), "greedy tokens differ")
+    assert "matches the reference attention" in result.details[0], result
+
+
+def test_decode_kernel_alone_on_a_random_paged_batch(interpreted):
+    # Seconds, not minutes: the kernel alone against the reference, before any engine runs.
+    from minilm_engine.course.teaching.build_kernels import check_kernel_alone
+
+    assert "matches the reference attention" in check_kernel_alone(my_decode_kernel)
+
+
+@pytest.mark.parametrize(
+    "kernel, phrases",
+    [
+        ("no_rescale", ["fit in one key tile", "must be rescaled by exp(m_old - m_new)"]),
+        ("zeros", ["output is all zeros"]),  # the first tokens of a request used to come out right
+        ("strided_heads", ["query head 1 read K/V head 1; with 4 query heads per K/V head it should read head 0"]),
+    ],
+)
+def test_decode_kernel_usual_mistakes_are_named(kernel, phrases, kernel_setup, interpreted):
+    fn = {"no_rescale": no_rescale_decode_kernel, "zeros": zeros_decode_kernel,
+          "strided_heads": strided_heads_decode_kernel}[kernel]
+    assert_fails(build.check("decode_kernel", fn, kernel_setup), "alone, a random paged batch", *phrases)
 
 
 def test_decode_kernel_package_kernel_and_wrong_type(setup, interpreted):

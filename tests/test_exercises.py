@@ -256,3 +256,39 @@ def test_an_exercise_takes_stored_cases_only() -> None:
         Exercise("double", lambda x: 2 * x)
     with pytest.raises(TypeError):
         Exercise("double", "tokens_per_round", lambda rng: {})  # no make_case any more
+
+
+# -- the package's own function gets a nudge, as build.check answers it -------------------------
+
+
+@pytest.mark.parametrize("exercise", ALL, ids=[e.fixture for e in ALL])
+def test_the_package_function_gets_a_nudge_not_a_pass(exercise: Exercise) -> None:
+    from minilm_engine.course.teaching.exercises import resolve
+
+    for target in exercise.package:
+        result = exercise.check(resolve(target))
+        assert not result.passed and "package's own" in result.message, (target, result)
+        assert "write it yourself" in result.message and exercise.hint_text in result.message
+
+
+def test_calling_the_package_function_inside_gets_a_nudge() -> None:
+    from minilm_engine.core.kv_cache_utils import slot_mapping
+    from minilm_engine.course.experiments.toy_simulator import continuous_num_steps
+    from minilm_engine.course.teaching.exercises_ledger import engine_gpus_for_load
+
+    for exercise, fn in ((slot_mapping_exercise, lambda **case: slot_mapping(**case)),
+                         (continuous_steps, lambda **case: continuous_num_steps(**case)),
+                         (GPUS_FOR_LOAD, lambda **case: engine_gpus_for_load(**case))):
+        result = exercise.check(fn)
+        assert not result.passed and "your function calls it" in result.message, result
+
+
+def test_a_learners_own_function_still_passes_and_the_profile_hook_is_restored() -> None:
+    import sys
+
+    def mine(block_table, block_size, start, end):
+        return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+    before = sys.getprofile()
+    assert slot_mapping_exercise.check(mine).passed
+    assert sys.getprofile() is before

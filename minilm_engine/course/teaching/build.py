@@ -24,9 +24,12 @@ The pieces, in the order of the course's build path (`PIECES`, `notebooks/README
     06       int4_weight          per-group asymmetric INT4 quantization of a weight
     A1       decode_kernel        the online softmax of the paged decode kernel (Triton)
 
-Each piece's learner signature, hint and checker live in `build_pieces.py` (`build_kernels.py`
-for A1's Triton kernel); the engine runs
-and their comparison in `build_runs.py`.
+Each piece is checked twice: first alone, on random inputs against the package's reference
+across the branches of its contract (`build_units.py`: several K/V heads per model, chunking on
+and off, every token an accept rule emits, any quantizer within the error bound), then in the
+engine.  Each piece's learner signature, hint and checker live in `build_pieces.py`
+(`build_kernels.py` for A1's Triton kernel); the engine runs and their comparison in
+`build_runs.py`.
 """
 
 from __future__ import annotations
@@ -163,9 +166,18 @@ def _learner_frame(exc: BaseException) -> str | None:
             inside = Path(frame.filename).resolve().is_relative_to(PACKAGE_DIR)
         except (OSError, ValueError):
             inside = False
-        if not inside and "contextlib" not in frame.filename:
+        if not inside and not _library(frame.filename):
             found = f"line {frame.lineno} of {frame.name}"
     return found
+
+
+def _library(filename: str) -> bool:
+    """A frame of an installed library or of Python itself (torch, contextlib), not the learner's."""
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    return ("site-packages" in filename or "dist-packages" in filename or filename.startswith("<frozen")
+            or filename.startswith(stdlib))
 
 
 def check(piece: str, fn: Any, setup: Any = None) -> BuildResult:

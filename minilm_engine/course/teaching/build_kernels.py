@@ -4,7 +4,10 @@ Contract: the learner writes a `@triton.jit` kernel with `paged_decode_kernel`'s
 (`model/attention/triton_paged_decode.py`; A1 gives its shell, the block-table gather done, and asks
 for the online-softmax accumulation and the final normalisation).  The checker launches it in
 the engine (the Triton attention backend, under `TRITON_INTERPRET=1` on a CPU) for every decode
-step, and compares greedy tokens with the package's engine on the torch reference.
+step, and compares greedy tokens with the package's engine on the torch reference.  Before the
+engine, `check_kernel_alone` launches it on a random paged batch (several K/V heads, contexts
+inside one key tile and across several) against `paged_attention_reference`, in seconds, and
+names the usual mistakes: an output never written, the rescale forgotten, the wrong K/V head.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from minilm_engine.course.teaching.build_runs import (
     run_engine,
 )
 from minilm_engine.course.teaching.build_pieces import _ADAPTERS, _calls, _with
+from minilm_engine.course.teaching.build_units import kv_heads_read, require_gqa_mapping
 
 KERNEL_ARGS = {"block_size": 4, "num_kv_blocks": 64, "max_num_seqs": 5}
 
@@ -44,6 +48,86 @@ def _triton_kernel(fn: Any) -> Any:
     return fn is triton_paged_decode.paged_decode_kernel
 
 
+def _paged_batch(gen) -> tuple[Any, Any, Any, Any]:
+    """A random paged decode batch: 8 query heads over 2 K/V heads, context lengths inside one key
+    tile, exactly one tile and over several (16 keys a tile), blocks of 4 scattered in the pool;
+    the later keys lean towards the query, so the running maximum rises from tile to tile."""
+    import torch
+
+    from minilm_engine.model.attention.paged import PagedAttentionMetadata
+
+    context_lens = [3, 16, 21, 37]
+    H, H_kv, D, block_size, num_blocks = 8, 2, 8, 4, 40
+    q = torch.randn(len(context_lens), H, D, generator=gen)
+    k_cache = torch.randn(num_blocks, block_size, H_kv, D, generator=gen)
+    v_cache = torch.randn(num_blocks, block_size, H_kv, D, generator=gen)
+    order = torch.randperm(num_blocks, generator=gen)
+    max_blocks = -(-max(context_lens) // block_size)
+    tables = torch.zeros(len(context_lens), max_blocks, dtype=torch.int64)
+    used = 0
+    for i, n in enumerate(context_lens):
+        num = -(-n // block_size)
+        tables[i, :num] = order[used : used + num]
+        used += num
+        for pos in range(n):  # keys grow more aligned with the query heads' mean along the context
+            block, row = int(tables[i, pos // block_size]), pos % block_size
+            k_cache[block, row] += (pos / n) * 1.5 * q[i].view(H_kv, H // H_kv, D).mean(1)
+    last = torch.tensor([int(tables[i, (n - 1) // block_size]) * block_size + (n - 1) % block_size
+                         for i, n in enumerate(context_lens)])
+    meta = PagedAttentionMetadata(slot_mapping=last, query_start_loc=torch.arange(len(context_lens) + 1),
+                                  context_lens=torch.tensor(context_lens), block_tables=tables)
+    return q, k_cache, v_cache, meta
+
+
+def check_kernel_alone(fn: Any) -> str:
+    """The learner's kernel launched directly (no model) on a random paged batch, against the
+    torch reference; the usual mistakes named."""
+    import torch
+
+    from minilm_engine.model.attention.paged import paged_attention_reference
+    from minilm_engine.model.attention.triton_paged_decode import BLOCK_N, paged_decode_attention
+
+    q, k_cache, v_cache, meta = _paged_batch(torch.Generator().manual_seed(11))
+    want = paged_attention_reference(q, k_cache, v_cache, meta)
+    with _with_kernel(fn):
+        got = paged_decode_attention(q, k_cache, v_cache, meta).clone()
+        # Which K/V head each query head reads: values constant j + 1 on K/V head j.
+        probe_v = (torch.arange(v_cache.shape[2], dtype=torch.float32) + 1)[None, None, :, None].expand_as(v_cache)
+        probe = paged_decode_attention(q, k_cache, probe_v.contiguous(), meta)
+    where = f"alone, a random paged batch of {meta.num_seqs} sequences (context lengths {meta.context_lens.tolist()})"
+    if torch.count_nonzero(got) == 0:
+        raise BuildFailure(f"{where}: your kernel's output is all zeros: normalise the running sum of values by "
+                           f"the running sum of exponentials and store it into out_ptr")
+    if not torch.isfinite(got).all():
+        raise BuildFailure(f"{where}: your kernel's output has NaN or inf: is every output written, and never "
+                           f"exp(-inf - (-inf)) (start the running maximum at -inf and only rescale by finite differences)?")
+    require_gqa_mapping(kv_heads_read(probe, k_cache.shape[2]), k_cache.shape[2], where)
+    close = [torch.allclose(got[i], want[i], rtol=1e-4, atol=1e-4) for i in range(meta.num_seqs)]
+    if all(close):
+        return f"{where}: matches the reference attention"
+    lens = meta.context_lens.tolist()
+    if all(ok for ok, n in zip(close, lens) if n <= BLOCK_N):
+        bad = [n for ok, n in zip(close, lens) if not ok]
+        raise BuildFailure(
+            f"{where}: the sequences that fit in one key tile ({BLOCK_N} keys) are right, those of {bad} keys are "
+            f"not: when a tile brings a larger maximum, the sums kept so far were measured against the old one and "
+            f"must be rescaled by exp(m_old - m_new)"
+        )
+    i = close.index(False)
+    h = int((got[i] - want[i]).abs().amax(-1).argmax())
+    raise BuildFailure(
+        f"{where}: sequence {i} ({lens[i]} keys), query head {h}: your output differs from the reference attention "
+        f"by {(got[i, h] - want[i, h]).abs().max().item():.3g} (check the strides of the loads and the store, "
+        f"and the scale 1/sqrt(D))"
+    )
+
+
+def _with_kernel(fn: Any):
+    from minilm_engine import pluggable
+
+    return pluggable.override("attention.decode_kernel", _adapt_decode_kernel(fn))
+
+
 def _check_decode_kernel(fn: Any, setup: BuildSetup) -> list[str]:
     import torch
 
@@ -55,11 +139,12 @@ def _check_decode_kernel(fn: Any, setup: BuildSetup) -> list[str]:
     reason = triton_unavailable_reason(torch.device("cpu"), torch.float32)
     if reason is not None and not torch.cuda.is_available():
         raise BuildFailure(f"the Triton kernels cannot run here: {reason}")
+    alone = check_kernel_alone(fn)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args = dict(KERNEL_ARGS, attention_backend="triton", device=device)
     want = reference_run(setup, {**KERNEL_ARGS, "attention_backend": "torch", "device": device})
     got = _with("attention.decode_kernel", fn, lambda: run_engine(setup, args))
-    return [require_same_tokens(got, want, setup) + " (the reference on the torch attention)",
+    return [alone, require_same_tokens(got, want, setup) + " (the reference on the torch attention)",
             _calls("attention.decode_kernel")]
 
 

@@ -2,12 +2,13 @@
 
 Contract: `check_accept_rule_distribution(rule, num_samples)` draws drafts from a known draft
 distribution q, runs `rule(drafts, p, q, generator)` that many times, and tests with a
-chi-square goodness-of-fit test that the first appended token is distributed as the target's
-p[0], and the second (when the first draft was accepted) as p[1]; and that a round whose drafts
-were all accepted ends with a bonus token (a round where p = q, one-hot).  It raises `BuildFailure` naming the position, the
-token that is most off (observed vs expected counts) and the p-value.  A correct rule fails by
-chance with probability about 2 * 1e-4 (the threshold), and the generator is seeded, so a given
-rule always gets the same verdict.
+chi-square goodness-of-fit test every token the rule emits: the token at position j, when
+drafts 0..j-1 were accepted, is distributed as the target's p[j] (the bonus token, after all k,
+as p[k]); and that a round whose drafts were all accepted ends with a bonus token (a round
+where p = q, one-hot).  It raises `BuildFailure` naming the position, the token that is most off
+(observed vs expected counts), the p-value, and the row of p or q the tokens fit instead.
+A correct rule fails by chance with probability about 3 * 1e-4 (three tests at the threshold),
+and the generator is seeded, so a given rule always gets the same verdict.
 """
 
 from __future__ import annotations
@@ -44,21 +45,34 @@ def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> 
     return statistic.item(), torch.special.gammaincc(df / 2, statistic / 2).item()
 
 
-def _test(observed: torch.Tensor, expected: torch.Tensor, what: str) -> str:
+def _test(observed: torch.Tensor, expected: torch.Tensor, what: str, row: str) -> str:
     statistic, p_value = chi_square_p_value(observed, expected)
     n = int(observed.sum())
     if p_value < P_VALUE_THRESHOLD:
         worst = int(((observed - expected * n).abs() / (expected * n).sqrt()).argmax())
         raise BuildFailure(
-            f"the {what} is not distributed as the target's: token {worst} came {int(observed[worst])} "
+            f"the {what} is not distributed as the target's {row}: token {worst} came {int(observed[worst])} "
             f"times in {n} draws, the target's probability says {expected[worst].item() * n:.0f} "
             f"(chi-square {statistic:.1f}, p = {p_value:.1e}); observed shares "
-            f"{[round(x, 3) for x in (observed / n).tolist()]}, target {expected.tolist()}"
+            f"{[round(x, 3) for x in (observed / n).tolist()]}, target {[round(x, 3) for x in expected.tolist()]}{_looks_like(observed)}"
         )
     return f"{what}: chi-square p = {p_value:.2f} over {n} draws"
 
 
+def _looks_like(observed: torch.Tensor) -> str:
+    """Which other row of p or q the observed tokens fit, if one does: the row the rule used."""
+    for name, rows in (("p", P), ("q", Q)):
+        for i, probs in enumerate(rows):
+            if chi_square_p_value(observed, probs)[1] > 1e-2:
+                return f"; they fit {name}[{i}] instead, so your rule draws this token from {name}[{i}]"
+    return ""
+
+
 def check_accept_rule_distribution(rule: Callable, num_samples: int) -> str:
+    """Every token the rule can emit, position by position: the token at position j, given
+    that drafts 0..j-1 were accepted, must be distributed as the target's row p[j] (a resample
+    after a rejection, or the accepted draft); at j = k, after every draft passed, it is the
+    bonus token, from p[k]."""
     generator = torch.Generator().manual_seed(1234)
     k, V = Q.shape
     # A round the target agrees with entirely (p = q = one-hot at each draft): every draft passes
@@ -70,15 +84,23 @@ def check_accept_rule_distribution(rule: Callable, num_samples: int) -> str:
             f"with p = q (every draft certain to pass) your rule appended {out}: after {k} accepted drafts "
             f"the target's row k still gives one more token (the bonus token), {k + 1} in all"
         )
-    first = torch.zeros(V)
-    second = torch.zeros(V)  # given the first draft was accepted
+    counts = torch.zeros(k + 1, V)  # counts[j]: the token at position j, given drafts 0..j-1 accepted
     for _ in range(num_samples):
         drafts = [int(torch.multinomial(Q[i], 1, generator=generator)) for i in range(k)]
         out = rule(drafts, P.clone(), Q.clone(), generator)
-        first[out[0]] += 1
-        if out[0] == drafts[0] and len(out) > 1:
-            second[out[1]] += 1
-    results = [_test(first, P[0], "first appended token")]
-    if second.sum() > 0:
-        results.append(_test(second, P[1], "second token, after an accepted first draft"))
+        for j, token in enumerate(out):
+            counts[j, token] += 1
+            if j == k or token != drafts[j]:
+                break
+    results = []
+    for j in range(k + 1):
+        if counts[j].sum() == 0:
+            continue
+        if j == 0:
+            what = "first appended token"
+        elif j < k:
+            what = f"token at position {j} (after {j} accepted draft{'s' * (j > 1)})"
+        else:
+            what = f"bonus token (after all {k} drafts were accepted)"
+        results.append(_test(counts[j], P[j], what, f"row p[{j}]"))
     return "; ".join(results)

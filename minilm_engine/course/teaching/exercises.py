@@ -7,7 +7,9 @@ them, so they cannot drift).  The checker holds no function a notebook could cal
 answers.  `check(fn)` runs the learner's function on every case, compares inside the same
 `try` (an answer of the wrong type gets feedback, never a traceback) and reports the first case
 that differs in plain words.  `decode` turns a stored case into the function's arguments (a
-config object, a torch dtype).  `solution()` shows the package's real code, folded, and links
+config object, a torch dtype).  The package's own function (`package`, by default what
+`shows` names) is recognised, passed directly or called from inside the learner's function,
+and answered with a nudge, not a pass, as the build checker (`build.check`) does.  `solution()` shows the package's real code, folded, and links
 the worked solutions in `notebooks/solutions/`.
 """
 
@@ -19,6 +21,7 @@ import inspect
 import json
 import math
 import numbers
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -95,10 +98,13 @@ class Exercise:
         hint: str = "",
         shows: tuple[str, ...] = (),
         solutions: str = "",
+        package: tuple[str, ...] = (),
     ):
         """fixture: the stored cases' file name in fixtures/ (without .json);
         shows: the package code the solution reveals, as "module:qualname" strings;
-        solutions: the notebook in notebooks/solutions/ with the worked solution."""
+        solutions: the notebook in notebooks/solutions/ with the worked solution;
+        package: other package functions that answer the exercise (passing or calling one, or
+        one of `shows`, gets the nudge)."""
         if not isinstance(fixture, str):
             raise TypeError(f"{name}: give the stored cases' fixture name (see exercise_fixtures.py)")
         self.name = name
@@ -108,6 +114,7 @@ class Exercise:
         self.hint_text = hint
         self.shows = shows
         self.solutions = solutions
+        self.package = (*shows, *package)
 
     @cached_property
     def cases(self) -> list[dict[str, Any]]:
@@ -117,6 +124,17 @@ class Exercise:
         cases = self.cases[:num_cases] if num_cases else self.cases
         if not callable(fn):
             return CheckResult(False, 0, f"{self.name}: pass your function itself, got {fn!r}")
+        own = package_functions(self.package)
+        if _unwrap(fn) in own:
+            return CheckResult(False, 0, nudge(self.name, _unwrap(fn).__qualname__, self.hint_text))
+        with CallWatch(own) as watch:
+            result = self._run_cases(fn, cases)
+        if watch.called:
+            return CheckResult(False, result.num_cases, nudge(self.name, watch.called[0], self.hint_text)
+                               + " (your function calls it.)")
+        return result
+
+    def _run_cases(self, fn: Callable[..., Any], cases: list[dict[str, Any]]) -> CheckResult:
         for i, stored in enumerate(cases):
             case = self.decode(stored["inputs"])
             want = stored["expected"]
@@ -169,6 +187,63 @@ def resolve(target: str) -> Any:
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def _unwrap(obj: Any) -> Any:
+    """The plain function under a bound method, `functools.wraps` or a `pluggable` dispatcher."""
+    obj = getattr(obj, "__func__", obj)
+    while hasattr(obj, "__wrapped__"):
+        obj = obj.__wrapped__
+    return obj
+
+
+def package_functions(targets: tuple[str, ...]) -> dict[Any, str]:
+    """The package's functions named by "module:qualname" strings, unwrapped (a class: its own
+    methods), each with its qualified name."""
+    found: dict[Any, str] = {}
+    for target in targets:
+        try:
+            obj = resolve(target)
+        except (ImportError, AttributeError):
+            continue
+        members = vars(obj).values() if inspect.isclass(obj) else (obj,)
+        for member in members:
+            member = _unwrap(member)
+            if inspect.isfunction(member):
+                found[member] = member.__qualname__
+    return found
+
+
+class CallWatch:
+    """While open, records the package functions of `own` that get called (a profile hook on
+    Python calls; the previous hook, a debugger's, is put back on exit)."""
+
+    def __init__(self, own: dict[Any, str]) -> None:
+        self.codes = {f.__code__: name for f, name in own.items()}
+        self.called: list[str] = []
+
+    def _hook(self, frame, event, arg) -> None:
+        if event == "call" and frame.f_code in self.codes and not self.called:
+            self.called.append(self.codes[frame.f_code])
+
+    def __enter__(self) -> CallWatch:
+        self._previous = sys.getprofile()
+        if self.codes:
+            sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.setprofile(self._previous)
+
+
+def nudge(name: str, qualname: str, hint: str) -> str:
+    """What a checker answers to the package's own function (as `build.check` does)."""
+    idea = f" (hint: {hint})" if hint else ""
+    return (
+        f"{name}: that is the package's own {qualname}: it works, of course, but the exercise is to "
+        f"write it yourself. Close the package's source, write the function from the idea{idea}, "
+        f"and check again."
+    )
 
 
 def _show(case: dict[str, Any]) -> str:

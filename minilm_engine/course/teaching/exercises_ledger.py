@@ -112,6 +112,7 @@ BREAK_EVEN = Exercise(
     "(idle hours are paid too); subtract what the input tokens of that hour earn; divide the "
     "rest by the millions of output tokens of that hour.",
     shows=("minilm_engine.course.ledger:Ledger.break_even_output_price",),
+    package=("minilm_engine.course.teaching.exercises_ledger:engine_break_even_output_price",),
     solutions="08_cost_ledger_solutions.ipynb",
 )
 
@@ -123,5 +124,6 @@ GPUS_FOR_LOAD = Exercise(
     "sets what one GPU may carry; a fleet is a whole number of GPUs (math.ceil); None when no "
     "point qualifies.",
     shows=("minilm_engine.course.ledger:throughput_at_slo", "minilm_engine.course.ledger:gpus_needed"),
+    package=("minilm_engine.course.teaching.exercises_ledger:engine_gpus_for_load",),
     solutions="08_cost_ledger_solutions.ipynb",
 )

@@ -41,7 +41,7 @@ def make_slot_mapping_case(rng: random.Random) -> dict[str, Any]:
 slot_mapping_exercise = Exercise(
     "slot_mapping",
     "slot_mapping",
-    shows=("minilm_engine.worker.block_table:slot_mapping",),
+    shows=("minilm_engine.core.kv_cache_utils:slot_mapping",),
     solutions="03_paged_memory_solutions.ipynb",
     hint=(
         "Position p lives in the (p // block_size)-th block of the table, at offset "
@@ -107,6 +107,7 @@ cached_prefix_exercise = Exercise(
     "cached_prefix_blocks",
     decode=_decode_cached_prefix,
     shows=("minilm_engine.core.kv_cache_manager:BlockManager.get_computed_blocks",),
+    package=("minilm_engine.course.teaching.exercises_paging:engine_cached_prefix_blocks",),
     solutions="03_paged_memory_solutions.ipynb",
     hint=(
         "Walk the full blocks in order with parent = None, then parent = "
@@ -176,6 +177,7 @@ prefill_chunks_exercise = Exercise(
         "minilm_engine.core.scheduler:Scheduler.schedule",
         "minilm_engine.core.scheduler:Scheduler._num_tokens_to_compute",
     ),
+    package=("minilm_engine.course.teaching.exercises_paging:engine_prefill_chunks",),
     solutions="04_prefill_vs_decode_solutions.ipynb",
     hint=(
         "Every step has max_num_batched_tokens tokens to give. Running requests are served "

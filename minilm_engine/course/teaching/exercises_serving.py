@@ -70,5 +70,6 @@ tail_and_goodput_exercise = Exercise(
     hint="P99: np.percentile(ttfts_ms, 99). A one-token request has no TPOT: it passes the TPOT bound. "
          "Goodput divides by duration_s, not by the number of requests.",
     shows=("minilm_engine.bench.metrics:summarize",),
+    package=("minilm_engine.course.teaching.exercises_serving:engine_tail_and_goodput",),
     solutions="07_throughput_vs_latency_solutions.ipynb",
 )
