@@ -1,7 +1,8 @@
 """The compiled CPU micro-kernel (model/quantization/kernels/cpu_microkernel.cpp) against plain fp32
-arithmetic on the dequantized weight: every row count across its blocks of 6, shapes that are
-not whole tiles, both of torch's vectorized int4 packings (whatever this CPU packs), float32
-and bfloat16 activations and scales.  Skipped where it cannot be built, except under
+arithmetic on the (dequantized) weight: every row count across its blocks of rows, shapes that
+are not whole tiles or whole vectors, both of torch's vectorized int4 packings (whatever this
+CPU packs), fp32 and bf16 weights (`dense_mm`) at every row count 1..64 and 1 or 2 threads,
+float32 and bfloat16 activations and scales.  Skipped where it cannot be built, except under
 MINILM_REQUIRE_MICROKERNEL=1 (CI), where that is a failure."""
 
 from __future__ import annotations
@@ -41,6 +42,35 @@ def test_int8_equals_fp32_arithmetic(micro, N, K, dtype):
         close(micro.int8_mm(x, tiles, scales), x.float() @ weight.t(), dtype)
 
 
+@pytest.mark.parametrize("N,K", [(1, 1), (5, 40), (43, 96), (130, 129)])  # odd N, K past whole vectors
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_dense_equals_fp32_arithmetic_at_every_row_count(micro, N, K, dtype, num_threads):
+    """fp32 / bf16 weights as the model holds them, x and y in the same dtype, with and without
+    a bias; 1..64 rows cover every remainder of the row block (3) and the output block (4)."""
+    torch.manual_seed(N * K)
+    weight, bias = torch.randn(N, K).to(dtype), torch.randn(N).to(dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        for M in range(1, 65):
+            x = torch.randn(M, K).to(dtype)
+            expected = x.float() @ weight.float().t()  # (M, N)
+            close(micro.dense_mm(x, weight, None), expected, dtype)
+            close(micro.dense_mm(x, weight, bias), expected + bias.float(), dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_dense_fp32_is_torch_to_rounding(micro):
+    """fp32 against torch's own F.linear at a decode shape: equal up to the order of the sums."""
+    torch.manual_seed(0)
+    weight = torch.randn(1000, 1024)
+    for M in (1, 2, 7, 16, 64):
+        x = torch.randn(M, 1024)
+        torch.testing.assert_close(micro.dense_mm(x, weight, None), F.linear(x, weight), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("block_n", [32, 64])  # AVX2's and AVX-512's packings, on any CPU
 @pytest.mark.parametrize("group_size,K", [(32, 64), (64, 320), (128, 200)])  # 320 and 200: K padded
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -66,6 +96,12 @@ def test_bad_shapes_are_refused_with_a_message(micro):
         micro.int8_mm(x, torch.zeros(1, 32, 16, dtype=torch.int8), torch.ones(16))
     with pytest.raises(RuntimeError, match="contiguous"):
         micro.int8_mm(x.t(), torch.zeros(1, 2, 16, dtype=torch.int8), torch.ones(16))
+    with pytest.raises(RuntimeError, match=r"weight must be a contiguous \(N, K\) matrix with x's K"):
+        micro.dense_mm(x, torch.randn(8, 32), None)
+    with pytest.raises(RuntimeError, match="weight must be float32 or bfloat16"):
+        micro.dense_mm(x, torch.randn(8, 64).half(), None)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        micro.dense_mm(x, torch.randn(8, 64), torch.randn(7))
     with pytest.raises(RuntimeError, match="block_n must be a multiple of 32"):
         micro.int4_mm(x, torch.zeros(16, 32, dtype=torch.uint8), 16, torch.ones(2, 16, 2), 32, 16)
 

@@ -17,7 +17,8 @@ from minilm_engine.model.device import native_bf16_matmul
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.model.attention.reference import NoKVCache
 from minilm_engine.model.decoder import MLP, Attention
-from minilm_engine.model.fused_cpu import FusedAttention, FusedMLP, MatVecHead, apply_model_backend
+from minilm_engine.model.fused_cpu import FusedAttention, FusedLinear, FusedMLP, MatVecHead, apply_model_backend
+from minilm_engine.model.quantization.kernels import cpu_compiled, cpu_dense
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -58,9 +59,14 @@ def test_fused_logits_match_the_readable_model(checkpoint):
 
 
 def test_fused_in_bf16_gives_the_readable_bf16_tokens(checkpoint, prompts):
-    # bf16 is where the weights are packed for oneDNN (fp32 keeps plain matrices).  A CPU whose
-    # oneDNN has no bf16 (AVX2 only) keeps the readable model, and says so.
-    if native_bf16_matmul():
+    # With the micro-kernel bf16 runs it below the crossover on every CPU (plain weights);
+    # without it the weights are packed for oneDNN, and a CPU whose oneDNN has no bf16 (AVX2
+    # only) keeps the readable model, and says so.
+    if cpu_compiled.load() is not None:
+        reference, fused = engines(checkpoint.path, dtype="bfloat16")
+        proj = fused.model.model.layers[0].mlp.gate_up_proj
+        assert fused.model_backend == "fused" and not proj.packed and proj.matmul is not None
+    elif native_bf16_matmul():
         reference, fused = engines(checkpoint.path, dtype="bfloat16")
         assert fused.model_backend == "fused" and fused.model.model.layers[0].mlp.gate_up_proj.packed
     else:
@@ -118,3 +124,74 @@ def test_headwise_norm_is_each_heads_own_norm_bit_for_bit(dtype):
     assert torch.equal(together, torch.cat([q_norm(q), k_norm(k)], dim=2))
     with pytest.raises(ValueError, match="different eps"):
         HeadwiseRMSNorm([q_norm, RMSNorm(8, 1e-5)])
+
+
+def kernel_rows(llm: LLM) -> list[cpu_dense.DenseMatmul | None]:
+    """Every micro-kernel matmul of a fused model (the projections and the head)."""
+    return [m.matmul for m in llm.model.modules() if isinstance(m, (FusedLinear, MatVecHead))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_equal_with_the_kernel_on_every_matmul(cpu_microkernel, checkpoint, prompts, dtype):
+    """Crossover forced to 64 rows: every decode step and every prompt here runs the kernel."""
+    reference, fused = engines(checkpoint.path, dtype=dtype)
+    matmuls = kernel_rows(fused)
+    assert matmuls and all(m is not None for m in matmuls)
+    calls = []
+    for m in matmuls:
+        m.max_rows = 64
+        m.micro = CountingKernel(cpu_microkernel, calls)
+    want = reference.generate(prompts, GREEDY, use_tqdm=False)
+    got = fused.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert len(calls) >= len(matmuls) * (GREEDY.max_tokens - 1)  # the kernel ran at every step
+
+
+def test_above_the_crossover_torch_runs(cpu_microkernel):
+    calls = []
+    weight, bias = torch.randn(40, 24), torch.randn(40)
+    matmul = cpu_dense.DenseMatmul(weight, bias, CountingKernel(cpu_microkernel, calls))
+    matmul.max_rows = 4
+    x = torch.randn(2, 3, 24)  # 6 rows > 4: F.linear
+    torch.testing.assert_close(matmul(x), torch.nn.functional.linear(x, weight, bias))
+    assert calls == []
+    y = matmul(x[:1, :2])  # 2 rows: the kernel
+    assert calls == [2] and y.shape == (1, 2, 40)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x[:1, :2], weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_the_crossover_is_measured_once_per_shape(cpu_microkernel, monkeypatch):
+    monkeypatch.setattr(cpu_dense, "_crossovers", {})
+    weight = torch.randn(48, 32)
+    rows = cpu_dense.crossover_rows(cpu_microkernel, weight)
+    assert rows in (0,) + cpu_dense.CROSSOVER_ROWS  # which one is this machine's business
+    monkeypatch.setattr(cpu_dense, "measure_crossover", lambda *a: pytest.fail("measured twice"))
+    assert cpu_dense.crossover_rows(cpu_microkernel, weight) == rows
+    matmul = cpu_dense.DenseMatmul(weight, None, cpu_microkernel)
+    matmul.runs_kernel(1)
+    assert matmul.max_rows == rows
+
+
+def test_without_the_kernel_the_fused_path_runs_torch_and_says_why(checkpoint, prompts, monkeypatch):
+    monkeypatch.setenv(cpu_compiled.ENV_SWITCH, "0")
+    monkeypatch.setattr(cpu_compiled, "_tried", False)
+    monkeypatch.setattr(cpu_compiled, "_module", None)
+    monkeypatch.setattr(cpu_compiled, "_reason", None)
+    reference = LLM(checkpoint.path, model_backend="reference", record_trace=False, kv_cache_memory=8 << 20)
+    with pytest.warns(UserWarning, match=f"without the micro-kernel \\({cpu_compiled.ENV_SWITCH}=0\\)"):
+        fused = LLM(checkpoint.path, model_backend="fused", record_trace=False, kv_cache_memory=8 << 20)
+    assert fused.model_backend == "fused" and all(m is None for m in kernel_rows(fused))
+    want = reference.generate(prompts[:2], GREEDY, use_tqdm=False)
+    got = fused.generate(prompts[:2], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+
+
+class CountingKernel:
+    """The compiled module, with the row count of every `dense_mm` call recorded."""
+
+    def __init__(self, micro, calls: list[int]):
+        self.micro, self.calls = micro, calls
+
+    def dense_mm(self, x, weight, bias):
+        self.calls.append(x.shape[0])
+        return self.micro.dense_mm(x, weight, bias)

@@ -1,10 +1,11 @@
-"""The fast CPU path: fused projections over oneDNN-packed weights, beside the readable decoder.
+"""The fast CPU path: fused projections on the compiled decode micro-kernel, beside the readable decoder.
 
 Contract: `apply_model_backend(model, "fused")` takes a loaded `CausalLM` (loaded name for name
 from the checkpoint, as always) and swaps, in every layer, the attention and the MLP for
 modules doing the same math with fewer, faster matmuls; `model/decoder.py` is untouched, and
 `"reference"` leaves the model as it is.  Where the fast path cannot run (not a CPU, a dtype
-oneDNN does not pack, quantized projections) it warns with the reason and keeps the readable model.
+other than fp32 / bf16, quantized projections) it warns with the reason and keeps the readable
+model; where the micro-kernel cannot be built it says why once and runs torch's matmuls.
 `resolve_model_backend(None)` reads the default from `$MINILM_MODEL_BACKEND`, "fused" when unset:
 the fast path is on wherever it runs, and a default that cannot run here (a GPU, fp16, quantized
 projections) falls back to the readable model without a warning (it asked for "fused wherever
@@ -17,13 +18,21 @@ suite included, on the readable decoder.
     x ─ v_proj ─┘                               q, k: one RMSNorm and one rotation over all their heads
     x ─ gate_proj ─┐                            x ─ gate_up_proj (one packed matmul) ─ split ─ g, u
     x ─ up_proj ───┴─ down(silu(g) * u)                          down(silu(g) * u)
-    o_proj, down_proj: F.linear                 o_proj, down_proj: packed (bf16)
-    lm_head at one row: F.linear                lm_head at one row: torch.mv (same tied weight)
+    o_proj, down_proj: F.linear                 every matmul and the LM head (same tied weight):
+    lm_head: F.linear                             micro-kernel up to a measured row count,
+                                                  F.linear above it (kernels/cpu_dense.py)
 
-In bf16 every fused matmul runs over a weight packed once for oneDNN; in fp32 the fused
-weights stay plain matrices for `F.linear` (packing was slower there, below).
+Every fused weight is one plain (N, K) matrix, read by the micro-kernel (`dense_mm` in
+quantization/kernels/cpu_microkernel.cpp: each weight read once per call for all rows) for
+decode-sized steps and by torch for prefill-sized ones; the crossover is measured per shape on
+first use.  Without the micro-kernel (no compiler or ninja, MINILM_CPU_MICROKERNEL=0) the path
+is the one before it: bf16 weights packed once for oneDNN, fp32 plain for `F.linear`, `torch.mv`
+for the head at one row.
 
-Why: at batch 1 a decode step reads every weight once, so its floor is the weight bytes over
+Why the kernel: torch's matmul on a 2-core AVX2 CPU costs 2.4x more at 2 rows than at 1 in fp32,
+and its bf16 matmul grows with every row where oneDNN has no native bf16; a decode step of B
+rows should cost one read of the weights (`benchmarks/roofline.py` measures both).
+Why the fallback's packing: at batch 1 a decode step reads every weight once, so its floor is the weight bytes over
 the memory bandwidth.  On an AVX-512 CPU torch's bf16 `F.linear` of one row streams ~16 GB/s
 while a large copy runs ~27 GB/s; the same matmul over a weight packed once into oneDNN's
 blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, what `torch.compile`'s CPU freezing
@@ -44,6 +53,8 @@ from torch import nn
 
 from minilm_engine.model.device import native_bf16_matmul
 from minilm_engine.model.decoder import MLP, Attention, CausalLM
+from minilm_engine.model.quantization.kernels import cpu_compiled
+from minilm_engine.model.quantization.kernels.cpu_dense import DenseMatmul
 from minilm_engine.model.rope import apply_rotary
 
 MODEL_BACKENDS = ("reference", "fused")
@@ -56,22 +67,26 @@ class FusedLinear(nn.Module):
     """y = x W^T + b for one or more `nn.Linear`s of the same input, concatenated along their
     outputs, as one matmul.  Inference only (no gradient flows).
 
-    In bf16 the weight is packed into oneDNN's blocked layout (opaque: no storage a caller can
-    read); in fp32 it stays a plain matrix for `F.linear`, because there packing measured ~7%
-    slower at one row (MKL's fp32 matrix-vector product already streams at copy bandwidth).
-    `num_weight_bytes` says what it holds (bias included), for `LLM.weight_bytes`."""
+    With the micro-kernel (`micro`, the compiled module) the weight is one plain (N, K) matrix
+    that the kernel reads below the measured row crossover and `F.linear` above it.  Without
+    it, bf16 weights are packed into oneDNN's blocked layout (opaque: no storage a caller can
+    read; `packed` is True) and fp32 ones stay plain for `F.linear` (packing measured ~7% slower
+    there).  `num_weight_bytes` says what it holds (bias included), for `LLM.weight_bytes`."""
 
-    def __init__(self, linears: list[nn.Linear]):
+    def __init__(self, linears: list[nn.Linear], micro=None):
         super().__init__()
-        weight = torch.cat([lin.weight.detach() for lin in linears])  # (sum of out, in)
+        weight = torch.cat([lin.weight.detach() for lin in linears]).contiguous()  # (sum of out, in)
         biases = [lin.bias for lin in linears]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self.num_weight_bytes = sum(t.numel() * t.element_size() for t in (weight, self.bias) if t is not None)
-        self.packed = weight.dtype == torch.bfloat16
+        self.packed = micro is None and weight.dtype == torch.bfloat16
         # Packed for one row (decode); measured as fast as any other hint at 4, 16 and 512 rows.
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if self.packed else weight
+        self.matmul = None if micro is None else DenseMatmul(self.weight, self.bias, micro)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.matmul is not None:
+            return self.matmul(x)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -103,12 +118,12 @@ class FusedAttention(nn.Module):
     same bits), in half the small ops.  Why: at one row each small op costs its call overhead,
     not its arithmetic, and a layer had two of each (q's and k's)."""
 
-    def __init__(self, attn: Attention):
+    def __init__(self, attn: Attention, micro=None):
         super().__init__()
         self.layer_idx = attn.layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        self.qkv_proj = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o_proj = FusedLinear([attn.o_proj])
+        self.qkv_proj = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj], micro)
+        self.o_proj = FusedLinear([attn.o_proj], micro)
         self.qk_dim = (self.num_heads + self.num_kv_heads) * self.head_dim  # q and k, side by side
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         # Kept as the checkpoint's weights (`LLM.weight_bytes` counts them); the step runs
@@ -134,11 +149,11 @@ class FusedAttention(nn.Module):
 class FusedMLP(nn.Module):
     """`decoder.MLP` (SwiGLU) with gate and up from one matmul."""
 
-    def __init__(self, mlp: MLP):
+    def __init__(self, mlp: MLP, micro=None):
         super().__init__()
         self.intermediate_size = mlp.gate_proj.out_features
-        self.gate_up_proj = FusedLinear([mlp.gate_proj, mlp.up_proj])
-        self.down_proj = FusedLinear([mlp.down_proj])
+        self.gate_up_proj = FusedLinear([mlp.gate_proj, mlp.up_proj], micro)
+        self.down_proj = FusedLinear([mlp.down_proj], micro)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -146,14 +161,18 @@ class FusedMLP(nn.Module):
 
 
 class MatVecHead(nn.Module):
-    """The LM head over the same weight (tied or not; no copy): `torch.mv` at one row, where it
-    reads the table faster than `F.linear`, `F.linear` otherwise."""
+    """The LM head over the same weight (tied or not; no copy): the micro-kernel below its
+    crossover when there is one; else `torch.mv` at one row, where it reads the table faster
+    than `F.linear`, and `F.linear` otherwise."""
 
-    def __init__(self, head: nn.Linear):
+    def __init__(self, head: nn.Linear, micro=None):
         super().__init__()
         self.weight = head.weight  # (V, hidden), the same Parameter: a tied table stays one
+        self.matmul = None if micro is None else DenseMatmul(head.weight.detach(), None, micro)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.matmul is not None:
+            return self.matmul(x)
         if x.dim() == 2 and x.shape[0] == 1:
             return torch.mv(self.weight, x[0])[None]  # (1, V)
         return F.linear(x, self.weight)
@@ -167,8 +186,8 @@ def fused_unavailable(model: CausalLM) -> str | None:
         return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
     if model.dtype not in PACKABLE_DTYPES:
         return f"oneDNN packs fp32 and bf16 weights here, and the model is {model.dtype}"
-    if model.dtype == torch.bfloat16 and not native_bf16_matmul():
-        return "this CPU has no bf16 support in oneDNN"
+    if model.dtype == torch.bfloat16 and not native_bf16_matmul() and cpu_compiled.load() is None:
+        return f"this CPU has no bf16 support in oneDNN, and no micro-kernel ({cpu_compiled.unavailable_reason()})"
     layer = model.model.layers[0]
     if type(layer.self_attn.q_proj) is not nn.Linear or type(layer.mlp.up_proj) is not nn.Linear:
         return (f"the projections are {type(layer.self_attn.q_proj).__name__}, not nn.Linear "
@@ -177,14 +196,20 @@ def fused_unavailable(model: CausalLM) -> str | None:
 
 
 @torch.no_grad()
-def fuse_for_cpu(model: CausalLM) -> CausalLM:
+def fuse_for_cpu(model: CausalLM, microkernel: bool = True) -> CausalLM:
     """Swap every layer's attention and MLP for the fused modules, and the head for `MatVecHead`,
-    in place.  The old projection weights are dropped (the packed copies replace them)."""
+    in place.  The old projection weights are dropped (the fused copies replace them).  Without
+    the micro-kernel it says why (once per reason) and runs torch's matmuls; `microkernel=False`
+    runs those without asking (the benchmarks' "before")."""
+    micro = cpu_compiled.load() if microkernel else None
+    if micro is None and microkernel:
+        warnings.warn(f"fused CPU path without the micro-kernel ({cpu_compiled.unavailable_reason()}): "
+                      "its matmuls run on torch (oneDNN / MKL)", stacklevel=3)
     for layer in model.model.layers:
-        layer.self_attn = FusedAttention(layer.self_attn)
-        layer.mlp = FusedMLP(layer.mlp)
+        layer.self_attn = FusedAttention(layer.self_attn, micro)
+        layer.mlp = FusedMLP(layer.mlp, micro)
     if type(model.lm_head) is nn.Linear and model.lm_head.bias is None:
-        model.lm_head = MatVecHead(model.lm_head)
+        model.lm_head = MatVecHead(model.lm_head, micro)
     return model
 
 

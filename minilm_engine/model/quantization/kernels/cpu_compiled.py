@@ -1,7 +1,7 @@
 """The compiled CPU micro-kernel (cpu_microkernel.cpp): built once per machine, on first use.
 
-Contract: `load()` returns the extension module (functions `int8_mm`, `int4_mm`,
-`vector_width`) or None, and `unavailable_reason()` says why it is None: no C++ compiler,
+Contract: `load()` returns the extension module (functions `dense_mm` for fp32 / bf16
+weights, `int8_mm`, `int4_mm`, `vector_width`) or None, and `unavailable_reason()` says why it is None: no C++ compiler,
 no `ninja`, a failed build, or MINILM_CPU_MICROKERNEL=0.  Nothing here raises: a machine that
 cannot build the kernel runs torch's own operators instead (kernels/cpu.py), with the same
 results up to float rounding.
@@ -26,6 +26,7 @@ from minilm_engine.model.device import cpuinfo_field
 
 SOURCE = Path(__file__).with_name("cpu_microkernel.cpp")
 ENV_SWITCH = "MINILM_CPU_MICROKERNEL"  # "0": never build, use torch's operators
+FUNCTIONS = ("dense_mm", "int8_mm", "int4_mm", "vector_width")  # what the module exports
 
 _module = None
 _reason: str | None = None
@@ -38,8 +39,9 @@ def _cpu_flags() -> str:
 
 
 def build_name() -> str:
-    """The extension's name: one per (CPU flags, source), as -march=native code must be."""
-    digest = hashlib.sha256((_cpu_flags() + SOURCE.read_text()).encode()).hexdigest()[:12]
+    """The extension's name: one per (CPU flags, source, exported functions), as -march=native
+    code must be."""
+    digest = hashlib.sha256((_cpu_flags() + SOURCE.read_text() + " ".join(FUNCTIONS)).encode()).hexdigest()[:12]
     return f"minilm_cpu_microkernel_{digest}"
 
 
@@ -73,7 +75,7 @@ def load():
         _module = load_inline(
             name=build_name(),
             cpp_sources=[SOURCE.read_text()],
-            functions=["int8_mm", "int4_mm", "vector_width"],
+            functions=list(FUNCTIONS),
             extra_cflags=["-O3", "-march=native", "-fopenmp"],  # OpenMP: at::parallel_for's threads
             extra_ldflags=["-fopenmp"],
             verbose=False,

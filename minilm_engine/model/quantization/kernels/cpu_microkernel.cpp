@@ -1,6 +1,6 @@
-// Weight-only int8 / int4 matmul for a few rows of x, dequantizing inside the inner loop.
+// Decode-shaped matmuls (1 to ~64 rows of x) over fp32, bf16, int8 and int4 weights.
 //
-// Contract: y (M, N) = x (M, K) @ W.T with W the layer's dequantized weight, accumulated in
+// Contract: y (M, N) = x (M, K) @ W.T with W the layer's (dequantized) weight, accumulated in
 // fp32, for x and y in float32 or bfloat16 and scales in float32 or bfloat16.  Built at run
 // time by cpu_compiled.py (torch.utils.cpp_extension, -O3 -march=native) for the machine it
 // runs on; the tests hold it equal to the readable reference kernel.
@@ -20,6 +20,17 @@
 //         table, offset = zero - 8 * scale; per group g of inputs:
 //         y[m, n] += scale[g, n] * sum_{k in g} x[m, k] q[n, k] + offset[g, n] * sum_{k in g} x[m, k]
 //         so the scales touch each output once per group, not each weight.
+//   fp32 / bf16 (`dense_mm`): W kept as the plain (N, K) matrix nn.Linear holds, the layout
+//         torch's own matmul reads too (so prefill-sized steps run torch on the same one copy,
+//         and a tied LM head stays the embedding table).  A block of DN output rows times DM
+//         rows of x: per step of V inputs, DM x vectors and DN weight vectors (bf16 widened to
+//         fp32 in registers, once for the whole block), DN x DM dot-product accumulators.  The
+//         block's DN weight rows stay in L1/L2 while every block of rows of x passes over them,
+//         so each weight comes from memory once per call.
+//
+//             x rows m0..m0+DM-1 ──┐   k ─────────────►
+//                                   ├─ acc[m][n] += x[m, k:k+V] * W[n, k:k+V]   (V lanes)
+//             W rows n0..n0+DN-1 ──┘   lanes summed once at the end of k
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -31,6 +42,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -198,6 +210,109 @@ void int4_matmul(const float* xf, int64_t M, int64_t K, const uint8_t* packed, i
   });
 }
 
+// ---------------------------------------------------------------- fp32 / bf16
+// Plain GCC/Clang vector types: the compiler maps them to AVX2, AVX-512 or NEON registers.
+typedef uint32_t vu32 __attribute__((vector_size(V * sizeof(uint32_t))));
+constexpr int DN = 4;  // output rows per block
+constexpr int DM = 3;  // rows of x per block: DN * DM accumulators + DM + 1 vectors fit 16 registers
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "bf16 pairs are read as little-endian words");
+
+template <typename V_, typename P>
+inline V_ load_vector(const P* p) {
+  V_ v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// bf16 weights: 2V of them are read as V 32-bit words, each holding inputs 2i (low half) and
+// 2i + 1 (high half).  A bf16 is the top half of an fp32, so `word << 16` is input 2i and
+// `word & 0xFFFF0000` is input 2i + 1, exactly: two fp32 vectors from one load, no widening
+// shuffle.  x is stored to match (`split_pairs`): per chunk of 2V inputs, the even ones, then
+// the odd ones.
+std::vector<float> split_pairs(const std::vector<float>& xf, int64_t M, int64_t K) {
+  std::vector<float> out(xf);
+  const int64_t k_vec = K - K % (2 * V);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < k_vec; c += 2 * V)
+      for (int i = 0; i < V; ++i) {
+        out[m * K + c + i] = xf[m * K + c + 2 * i];
+        out[m * K + c + V + i] = xf[m * K + c + 2 * i + 1];
+      }
+  return out;
+}
+
+// y[m, n] for m < mb, n < nb: one block of rows of x against one block of weight rows.
+// bias: nb floats, added before the one rounding to T (as torch's fused bias does), or null.
+template <int nb, int mb, typename W, typename T>
+void dense_block(const float* xf, int64_t K, const W* w, const float* bias, int64_t N, T* y) {
+  constexpr bool bf16 = std::is_same<W, at::BFloat16>::value;
+  constexpr int step = bf16 ? 2 * V : V;  // inputs per weight load
+  vfloat acc[mb][nb] = {};
+  const int64_t k_vec = K - K % step;
+  for (int64_t k = 0; k < k_vec; k += step) {
+    if constexpr (bf16) {
+      vfloat x_even[mb], x_odd[mb];
+      for (int m = 0; m < mb; ++m) {
+        x_even[m] = load_vector<vfloat>(xf + m * K + k);
+        x_odd[m] = load_vector<vfloat>(xf + m * K + k + V);
+      }
+      for (int n = 0; n < nb; ++n) {  // each weight read once, used for every row of the block
+        const vu32 words = load_vector<vu32>(w + n * K + k);
+        const vfloat w_even = (vfloat)(words << 16), w_odd = (vfloat)(words & 0xFFFF0000u);
+        for (int m = 0; m < mb; ++m) acc[m][n] += x_even[m] * w_even + x_odd[m] * w_odd;
+      }
+    } else {
+      vfloat xv[mb];
+      for (int m = 0; m < mb; ++m) xv[m] = load_vector<vfloat>(xf + m * K + k);
+      for (int n = 0; n < nb; ++n) {
+        const vfloat wv = load_vector<vfloat>(w + n * K + k);
+        for (int m = 0; m < mb; ++m) acc[m][n] += xv[m] * wv;
+      }
+    }
+  }
+  float lanes[mb][nb][V];  // copied out whole (see int4_block: lane reads would spill acc)
+  std::memcpy(lanes, acc, sizeof(lanes));
+  for (int m = 0; m < mb; ++m)
+    for (int n = 0; n < nb; ++n) {
+      float sum = 0.0f;
+      for (int i = 0; i < V; ++i) sum += lanes[m][n][i];
+      for (int64_t k = k_vec; k < K; ++k) sum += xf[m * K + k] * as_float(w[n * K + k]);
+      store(y + m * N + n, bias ? sum + bias[n] : sum);
+    }
+}
+
+template <int nb, typename W, typename T>
+void dense_rows(const float* xf, int64_t M, int64_t K, const W* w, const float* bias, int64_t N, T* y) {
+  for (int64_t m0 = 0; m0 < M; m0 += DM) {
+    const float* xb = xf + m0 * K;
+    T* yb = y + m0 * N;
+    switch (std::min<int64_t>(DM, M - m0)) {
+      case 1: dense_block<nb, 1>(xb, K, w, bias, N, yb); break;
+      case 2: dense_block<nb, 2>(xb, K, w, bias, N, yb); break;
+      default: dense_block<nb, 3>(xb, K, w, bias, N, yb); break;
+    }
+  }
+}
+
+template <typename W, typename T>
+void dense_matmul(const float* xf, int64_t M, int64_t K, const W* w, const float* bias, int64_t N, T* y) {
+  const int64_t blocks = (N + DN - 1) / DN;
+  // Threads over output blocks: each reads its own slice of W, contiguous in memory.
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * DN;
+      const W* wb = w + n0 * K;
+      const float* bb = bias ? bias + n0 : nullptr;
+      switch (std::min<int64_t>(DN, N - n0)) {
+        case 1: dense_rows<1>(xf, M, K, wb, bb, N, y + n0); break;
+        case 2: dense_rows<2>(xf, M, K, wb, bb, N, y + n0); break;
+        case 3: dense_rows<3>(xf, M, K, wb, bb, N, y + n0); break;
+        default: dense_rows<4>(xf, M, K, wb, bb, N, y + n0); break;
+      }
+    }
+  });
+}
+
 void check_x(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous (M, K) matrix");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
@@ -245,6 +360,32 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, int64_t block_
       int4_matmul(xf.data(), M, K, p, block_n, scales_and_zeros.data_ptr<float>(), G, group_size, N_padded, N, y_ptr);
     else
       int4_matmul(xf.data(), M, K, p, block_n, scales_and_zeros.data_ptr<at::BFloat16>(), G, group_size, N_padded, N, y_ptr);
+  };
+  if (x.scalar_type() == at::kFloat) run(x.data_ptr<float>(), y.data_ptr<float>());
+  else run(x.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>());
+  return y;
+}
+
+// x (M, K), weight (N, K) float32 or bfloat16, both contiguous, bias (N,) or None
+// -> (M, N) = x @ weight.T + bias in x's dtype, rounded once
+at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  check_x(x);
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == x.size(1),
+              "weight must be a contiguous (N, K) matrix with x's K");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
+              "weight must be float32 or bfloat16");
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  at::Tensor bias_f;  // float32 (N,), or undefined
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "bias must be (N,)");
+    bias_f = bias->to(at::kFloat).contiguous();
+  }
+  const float* b = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
+  at::Tensor y = at::empty({M, N}, x.options());
+  auto run = [&](auto* x_ptr, auto* y_ptr) {
+    const auto xf = to_float_rows(x_ptr, M, K);  // x converted once, not once per weight
+    if (weight.scalar_type() == at::kFloat) dense_matmul(xf.data(), M, K, weight.data_ptr<float>(), b, N, y_ptr);
+    else dense_matmul(split_pairs(xf, M, K).data(), M, K, weight.data_ptr<at::BFloat16>(), b, N, y_ptr);
   };
   if (x.scalar_type() == at::kFloat) run(x.data_ptr<float>(), y.data_ptr<float>());
   else run(x.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>());

@@ -1,0 +1,95 @@
+"""fp32 / bf16 matmuls for decode-shaped steps: the compiled micro-kernel below a crossover in
+rows measured on this machine, torch's matmul (oneDNN / MKL) above it, over one weight.
+
+Contract: `DenseMatmul(weight, bias, micro)(x)` is `F.linear(x, weight, bias)` for x (..., K)
+and weight a plain (N, K) fp32 or bf16 matrix, the only copy (the layout both the micro-kernel's `dense_mm`
+and torch read).  With `micro` None (no compiled kernel) it is exactly `F.linear`.  The
+crossover is measured the first time a shape is met (`crossover_rows`) and kept per (shape,
+dtype, threads) for the process: timings decide the path, never the results, which agree to
+float rounding either way (fp32 sums in another order).
+
+Why: a decode step multiplies a few rows by every weight, so its floor is one read of the
+weights.  The kernel reads each weight once per call for all rows; torch's fp32 matmul on a
+2-core AVX2 CPU took 2.4x longer at 2 rows than at 1, and its bf16 matmul without native bf16
+grows with every row.  Prefill-sized steps are compute-bound, where oneDNN / MKL's blocked
+GEMMs win, so they keep torch.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+CROSSOVER_ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts timed when a shape is first met
+NUM_TIMED_CALLS = 3  # per path and row count, alternated; their sum is compared
+
+_crossovers: dict[tuple[int, int, torch.dtype, int], int] = {}  # (N, K, dtype, threads) -> rows
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+@torch.inference_mode()
+def measure_crossover(micro, weight: torch.Tensor, rows: tuple[int, ...] = CROSSOVER_ROWS) -> int:
+    """The most rows (one of `rows`) up to which the micro-kernel was at least as fast as
+    `F.linear` on `weight`'s shape, timed here and now; 0 when torch won at the first count."""
+    best = 0
+    for num_rows in rows:
+        x = torch.randn(num_rows, weight.shape[1]).to(weight.dtype)
+        def kernel(x=x):
+            return micro.dense_mm(x, weight, None)
+
+        def torch_linear(x=x):
+            return F.linear(x, weight)
+
+        kernel(), torch_linear()  # warm: first-touch of the output, oneDNN's primitive cache
+        t_kernel = t_torch = 0.0
+        for _ in range(NUM_TIMED_CALLS):  # alternated, so a busy moment hits both alike
+            t_kernel += _seconds(kernel)
+            t_torch += _seconds(torch_linear)
+        if t_kernel > t_torch:
+            break
+        best = num_rows
+    return best
+
+
+def crossover_rows(micro, weight: torch.Tensor) -> int:
+    """`measure_crossover` for this shape, dtype and thread count, measured once per process."""
+    key = (weight.shape[0], weight.shape[1], weight.dtype, torch.get_num_threads())
+    if key not in _crossovers:
+        _crossovers[key] = measure_crossover(micro, weight)
+    return _crossovers[key]
+
+
+class DenseMatmul:
+    """y = x W^T + b over one plain (N, K) weight: the micro-kernel for at most `max_rows` rows of
+    x, `F.linear` for more; either adds the bias before rounding to x's dtype, once.  `max_rows` is None until the first call measures it (or a caller sets
+    it, as the tests do to pick a path)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, micro):
+        self.weight = weight  # (N, K), contiguous: the one copy
+        self.bias = bias  # (N,) or None
+        self.micro = micro
+        self.max_rows: int | None = None
+
+    def runs_kernel(self, num_rows: int) -> bool:
+        """Whether a call with `num_rows` rows of x runs the micro-kernel (measuring the crossover
+        on the first call)."""
+        if self.micro is None:
+            return False
+        if self.max_rows is None:
+            self.max_rows = crossover_rows(self.micro, self.weight)
+        return num_rows <= self.max_rows
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        K = x.shape[-1]
+        num_rows = x.numel() // K
+        if not self.runs_kernel(num_rows):
+            return F.linear(x, self.weight, self.bias)
+        y = self.micro.dense_mm(x.reshape(num_rows, K).contiguous(), self.weight, self.bias)  # (rows, N)
+        return y.view(*x.shape[:-1], self.weight.shape[0])
