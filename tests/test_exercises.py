@@ -292,3 +292,20 @@ def test_a_learners_own_function_still_passes_and_the_profile_hook_is_restored()
     before = sys.getprofile()
     assert slot_mapping_exercise.check(mine).passed
     assert sys.getprofile() is before
+
+
+def test_int4_exercise_accepts_a_quantizer_with_a_zero_point() -> None:
+    # Not the package's recipe (offset = min) but within half a step on 16 levels: a right answer.
+    from minilm_engine.course.teaching.exercises_quantization import int4_exercise
+
+    def zero_point(w, group_size):
+        g = w.view(w.shape[0], -1, group_size)
+        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+        scale = ((hi - lo) / 15).clamp(min=1e-12)
+        zero = torch.round(-lo / scale)
+        codes = (torch.round(g / scale) + zero).clamp(0, 15)
+        return ((codes - zero) * scale).view_as(w)
+
+    result = int4_exercise.check(zero_point)
+    assert result.passed, result
+    assert "not the scheme's rounding" in int4_exercise.check(lambda w, group_size: w + 0.0).message

@@ -12,8 +12,30 @@ from minilm_engine.course.teaching.exercises_spec import (
 )
 
 
-def test_the_engines_rule_passes():
-    assert acceptance_rule_exercise.check(reference_accept_or_resample).passed
+def my_rule(p, q, draft_token, generator):
+    if torch.rand((), generator=generator).item() < (p[draft_token] / q[draft_token]).item():
+        return draft_token
+    residual = (p - q).clamp(min=0)
+    return int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+
+
+def test_a_rule_written_from_the_idea_passes():
+    assert acceptance_rule_exercise.check(my_rule).passed
+
+
+def test_the_engines_rule_gets_a_nudge_passed_or_called():
+    from minilm_engine.worker.spec_decode import rejection_sampler
+
+    result = acceptance_rule_exercise.check(reference_accept_or_resample)
+    assert not result.passed and "package's own" in result.message and "write it yourself" in result.message
+
+    def calls_it(p, q, draft_token, generator):
+        if torch.rand((), generator=generator).item() < (p[draft_token] / q[draft_token]).item():
+            return draft_token
+        return int(torch.multinomial(rejection_sampler.recovered_distribution(p, q), 1, generator=generator))
+
+    result = acceptance_rule_exercise.check(calls_it)
+    assert not result.passed and "your function calls it" in result.message
 
 
 def test_resampling_from_p_after_a_rejection_fails_the_chi_square():

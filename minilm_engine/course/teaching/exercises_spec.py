@@ -16,7 +16,7 @@ import random
 import torch
 
 from minilm_engine.worker.spec_decode import rejection_sampler
-from minilm_engine.course.teaching.exercises import CheckResult, Exercise
+from minilm_engine.course.teaching.exercises import CallWatch, CheckResult, Exercise, _unwrap, nudge, package_functions
 
 NUM_TRIALS = 4000
 P_VALUE_FLOOR = 1e-3  # a correct rule fails this about once in a thousand seeds; seeds are fixed
@@ -37,7 +37,27 @@ class AcceptanceRuleExercise:
 
     name = "accept_or_resample"
 
+    # The package's own rule and the pieces it is made of: passed or called, they get a nudge.
+    package = (
+        "minilm_engine.course.teaching.exercises_spec:reference_accept_or_resample",
+        "minilm_engine.worker.spec_decode.rejection_sampler:recovered_distribution",
+        "minilm_engine.worker.spec_decode.rejection_sampler:accept_probability",
+    )
+
     def check(self, fn, num_cases: int = 3, seed: int = 0) -> CheckResult:
+        if not callable(fn):
+            return CheckResult(False, 0, f"{self.name}: pass your function itself, got {fn!r}")
+        own = package_functions(self.package)
+        if _unwrap(fn) in own:
+            return CheckResult(False, 0, nudge(self.name, own[_unwrap(fn)], self.hint()))
+        with CallWatch(own) as watch:
+            result = self._check(fn, num_cases, seed)
+        if watch.called:
+            return CheckResult(False, result.num_cases, nudge(self.name, watch.called[0], self.hint())
+                               + " (your function calls it.)")
+        return result
+
+    def _check(self, fn, num_cases: int, seed: int) -> CheckResult:
         from scipy.stats import chisquare
 
         rng = random.Random(seed)
