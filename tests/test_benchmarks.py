@@ -202,3 +202,15 @@ def test_sampler_cost_benchmark_compares_both_samplers():
               ROOT / "benchmarks").stdout
     rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["8"]]
     assert len(rows) == 5 and all(row[-1].endswith("x") for row in rows), out
+
+
+def test_roofline_benchmark_prints_measured_and_predicted_steps(tmp_path):
+    out = run([sys.executable, "roofline.py", "--quick", "--threads", "1", "--batch-sizes", "1,2", "--steps", "2",
+               "--json", str(tmp_path / "r.json")], ROOT / "benchmarks").stdout
+    assert "read bandwidth" in out and "ridge B*" in out, out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["read_bandwidth"] > 0 and data["matmul_flops"] > 0
+    assert [(r["precision"], r["batch_size"]) for r in data["rows"]] == [
+        ("fp32", 1), ("fp32", 2), ("bf16", 1), ("bf16", 2)]
+    assert all(r["predicted_s"] > 0 and r["kernel_s"] and r["torch_s"] for r in data["rows"])
+    assert set(data["ridge"]) == {"fp32", "bf16"}

@@ -1,0 +1,114 @@
+"""A decode step against this machine's roofline, with and without the CPU micro-kernel.
+
+Measures the read bandwidth (a large read-only reduction) and the fp32 matmul FLOP/s, then times
+decode steps of a Qwen3-0.6B-shaped model (`course/known_configs.py`, random weights) at each
+batch size and precision, on the fused CPU path twice: with the micro-kernel (the default:
+`dense_mm` below the measured row crossover) and without it (torch's matmuls, the path before
+it).  The two models alternate in every round, so a busy moment on a shared machine hits both.
+The functions are the course's (`course/experiments/roofline.py`), which chapter 01 draws:
+
+    predicted(B) = max(weight bytes / read bandwidth, 2 * matmul params * B / matmul FLOP/s)
+
+A cell is the median of the rounds' median steps, with the rounds' spread [min-max], and the
+ratio to the prediction in brackets (1.0x: the step is the roofline).
+
+    python benchmarks/roofline.py --threads 2             # full size: a few minutes
+    python benchmarks/roofline.py --quick                 # a tiny config: seconds (the smoke test)
+    python benchmarks/roofline.py --precisions fp32 --batch-sizes 1,4,16 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from common import QUICK_OVERRIDES, QWEN3_0_6B, add_threads_option, apply_threads_option
+
+from minilm_engine import LLM
+from minilm_engine.course.experiments.batching import hardware_summary
+from minilm_engine.course.experiments.quantization import write_random_qwen3
+from minilm_engine.course.experiments.roofline import measure_roofline, step_cost, time_steps
+from minilm_engine.course.known_configs import KNOWN_CONFIGS
+from minilm_engine.model.fused_cpu import fuse_for_cpu
+from minilm_engine.model.quantization.kernels import cpu_compiled
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def load_pair(folder: Path, dtype: str) -> dict:
+    """The fused CPU path with the micro-kernel ("kernel") and without it ("torch")."""
+    args = dict(dtype=DTYPES[dtype], record_trace=False, max_num_seqs=64)
+    with_kernel = LLM(folder, model_backend="fused", **args)
+    without = LLM(folder, model_backend="reference", **args)
+    fuse_for_cpu(without.model, microkernel=False)
+    return {"kernel": with_kernel.model, "torch": without.model}
+
+
+def cell(times, predicted_s: float) -> str:
+    ms = [t * 1e3 for t in times.step_s]
+    return f"{times.median_s * 1e3:8.1f} ms [{min(ms):.1f}-{max(ms):.1f}] ({times.median_s / predicted_s:.1f}x)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny config, one round (the smoke test)")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4, help="decode steps timed per cell and round")
+    parser.add_argument("--num-layers", type=int, default=None, help="fewer layers (same shapes per layer)")
+    parser.add_argument("--json", type=Path, default=None)
+    add_threads_option(parser, default=2, why="the issue's machine has 2 cores")
+    args = parser.parse_args()
+    apply_threads_option(args)
+    precisions = [p for p in args.precisions.split(",") if p]
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    num_rounds = 1 if args.quick else args.rounds
+
+    roofline = measure_roofline(num_bytes=1 << (24 if args.quick else 28), matmul_n=256 if args.quick else 2048)
+    micro = cpu_compiled.load()
+    print(hardware_summary())
+    print(f"read bandwidth {roofline.read_bandwidth / 1e9:.1f} GB/s, fp32 matmul {roofline.matmul_flops / 1e9:.0f} GFLOP/s; "
+          f"micro-kernel: {'built' if micro is not None else cpu_compiled.unavailable_reason()}")
+    results = {"hardware": hardware_summary(), "read_bandwidth": roofline.read_bandwidth,
+               "matmul_flops": roofline.matmul_flops, "rows": [], "ridge": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "bf16"
+        fields = {k: v for k, v in KNOWN_CONFIGS[QWEN3_0_6B].items() if k not in ("architectures", "torch_dtype")}
+        fields.update(QUICK_OVERRIDES if args.quick else {})
+        if args.num_layers:
+            fields["num_hidden_layers"] = args.num_layers
+        write_random_qwen3(folder, **fields)
+        print(f"\n{QWEN3_0_6B} shape{' (tiny, --quick)' if args.quick else ''}, {fields['num_hidden_layers']} layers, "
+              f"random weights; {num_rounds} round(s) x {args.steps} steps per cell\n")
+        print(f"{'precision':>9} {'B':>3} {'predicted':>10}   {'fused + micro-kernel':<34} {'fused, torch matmuls':<34} speedup")
+        for precision in precisions:
+            models = load_pair(folder, precision)
+            cost = step_cost(models["kernel"])
+            ridge = roofline.ridge(cost)
+            results["ridge"][precision] = ridge
+            with torch.inference_mode():
+                times = time_steps(models, batch_sizes, num_rounds=num_rounds, num_steps=args.steps)
+            by = {(t.name, t.batch_size): t for t in times}
+            for b in batch_sizes:
+                predicted = roofline.step_s(cost, b)
+                kernel, plain = by["kernel", b], by["torch", b]
+                print(f"{precision:>9} {b:>3} {predicted * 1e3:7.1f} ms   {cell(kernel, predicted):<34} "
+                      f"{cell(plain, predicted):<34} {plain.median_s / kernel.median_s:.2f}x")
+                results["rows"].append({"precision": precision, "batch_size": b, "predicted_s": predicted,
+                                        "weight_bytes": cost.weight_bytes, "matmul_params": cost.num_matmul_params,
+                                        "kernel_s": list(kernel.step_s), "torch_s": list(plain.step_s)})
+            print(f"{precision:>9} ridge B* = {ridge:.0f} (weights {cost.weight_bytes / 1e6:.0f} MB, "
+                  f"{cost.num_matmul_params / 1e6:.0f}M matmul params)")
+            del models
+            gc.collect()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
