@@ -3,18 +3,24 @@
 Whatever the (tiny, random) model prefers, the token mask forces a valid output: a choice is one
 of the choices, a regex matches in full, JSON parses and validates.  Requests without a grammar
 are untouched, token for token, even in a batch with constrained ones.  Each grammar compiles
-once.  Bad specs fail at `SamplingParams` (and at the server, as a 400 naming the wire field).
+once.  Bad specs fail at `SamplingParams`.  The server maps OpenAI's `response_format` and
+vLLM's `structured_outputs` onto the same params (the openai SDK's `parse()` gets a valid
+object back from the shipped model), and answers a bad grammar with a 400 naming the wire field.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Literal
 
+import openai
 import pytest
 import torch
+from pydantic import BaseModel, Field
 
 from minilm_engine import LLM
+from minilm_engine.course.experiments.server_thread import ServerThread
 from minilm_engine.core.sampling_params import SamplingParams, StructuredOutputsParams
 from minilm_engine.worker.structured_output import unpack_bitmask
 
@@ -175,3 +181,70 @@ def test_unconstrained_requests_are_token_exact_beside_constrained_ones(llm, tem
     assert [o.outputs[0].token_ids for o in mixed[::2]] == alone
     assert mixed[1].outputs[0].text in ("ramen", "udon")
     assert re.fullmatch("[0-9]{2,5}", mixed[5].outputs[0].text)
+
+
+# -- the server: response_format, structured_outputs, the openai SDK's parse() ----------------
+
+
+class Order(BaseModel):
+    dish: Literal["ramen", "udon", "soba"]
+    spicy: bool
+    bowls: int = Field(ge=1, le=9)
+
+
+NO_WHITESPACE = {"structured_outputs": {"disable_any_whitespace": True}}  # vLLM's option
+CHAT = [{"role": "user", "content": "Two bowls of ramen, not spicy, please."}]
+
+
+@pytest.fixture(scope="module")
+def client():
+    with ServerThread(LLM("noodle-chef", device="cpu", record_trace=False)) as server:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_openai_sdk_parse_returns_a_valid_object(client):
+    for temperature in (0.0, 1.0):
+        answer = client.chat.completions.parse(model="noodle-chef", messages=CHAT, response_format=Order,
+                                               temperature=temperature, seed=5, max_tokens=60, extra_body=NO_WHITESPACE)
+        choice = answer.choices[0]
+        assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Order)
+        assert Order.model_validate_json(choice.message.content) == choice.message.parsed
+
+
+def test_response_format_json_object_and_text(client):
+    answer = client.chat.completions.create(model="noodle-chef", messages=CHAT, response_format={"type": "json_object"},
+                                            temperature=0, max_tokens=60, extra_body=NO_WHITESPACE)
+    if answer.choices[0].finish_reason == "stop":  # the shipped model may nest until max_tokens
+        assert isinstance(json.loads(answer.choices[0].message.content), dict)
+    assert answer.choices[0].message.content.startswith("{")
+    plain = client.chat.completions.create(model="noodle-chef", messages=CHAT, temperature=0, max_tokens=8)
+    text = client.chat.completions.create(model="noodle-chef", messages=CHAT, temperature=0, max_tokens=8,
+                                          response_format={"type": "text"})
+    assert text.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_vllms_structured_outputs_field_constrains_completions_and_chat(client):
+    choices = ["ramen", "udon", "soba"]
+    answer = client.completions.create(model="noodle-chef", prompt="Order for table 7:", max_tokens=10, temperature=1.0,
+                                       n=3, seed=1, extra_body={"structured_outputs": {"choice": choices}})
+    assert all(c.text in choices and c.finish_reason == "stop" for c in answer.choices)
+    pattern = "table [0-9]{1,2}: (ramen|udon)"
+    answer = client.chat.completions.create(model="noodle-chef", messages=CHAT, max_tokens=20, temperature=0,
+                                            extra_body={"structured_outputs": {"regex": pattern}})
+    assert re.fullmatch(pattern, answer.choices[0].message.content)
+
+
+@pytest.mark.parametrize("body, param, says", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
+     "response_format", "response_format.json_schema.schema: a JSON schema"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "needs json_schema"),
+    ({"response_format": {"type": "xml"}}, "response_format", "response_format.type"),
+    ({"structured_outputs": {"regex": "a("}}, "structured_outputs", "structured_outputs.regex: a regular expression"),
+    ({"structured_outputs": {"grammar": "root ::= nothing"}}, "structured_outputs", "structured_outputs.grammar"),
+    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "one grammar per request"),
+])
+def test_bad_grammars_get_a_400_naming_the_field(client, body, param, says):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="noodle-chef", messages=CHAT, max_tokens=5, extra_body=body)
+    error = e.value.response.json()["error"]
+    assert error["param"] == param and says in error["message"], error

@@ -5,9 +5,10 @@ engine can take.  Types are strict ("0.5" is not a temperature, `true` is not a 
 `null` means "the default" for every field, nested ones too.  Three kinds of fields:
 
     implemented      temperature, top_p, top_k, seed, stop, max_tokens, n,    -> SamplingParams
-                     penalties, min_p, min_tokens, logit_bias, logprobs, echo, ...
-    known, not       tools, response_format, best_of, bad_words,             -> accepted only at
-    implemented      guided_*, suffix, ... (`NOT_IMPLEMENTED`)                  a value that leaves
+                     penalties, min_p, min_tokens, logit_bias, logprobs, echo,
+                     response_format, structured_outputs, guided_* ...
+    known, not       tools, best_of, bad_words,                               -> accepted only at
+    implemented      suffix, ... (`NOT_IMPLEMENTED`)                            a value that leaves
                                                                                   the output as it
                                                                                   is; else a 400
                                                                                   naming the field
@@ -20,6 +21,13 @@ silently not do gets told.  `to_sampling_params()` maps a request onto `Sampling
 own checks give the remaining errors.  Field names, defaults and response shapes follow OpenAI's
 API reference (max_tokens defaults to 16 for completions, to the rest of the context for chat);
 `top_k`, `ignore_eos`, `stop_token_ids` and `/tokenize`'s bodies are vLLM's extensions.
+
+Structured outputs come in three spellings, mapped to one `StructuredOutputsParams` as vLLM maps
+them: OpenAI's `response_format` ({"type": "json_object"}, or "json_schema" with
+`json_schema.schema`; `strict` accepted, the output is always constrained), vLLM's
+`structured_outputs` body field (json, json_object, regex, choice, grammar,
+disable_any_whitespace), and vLLM's older `guided_json` / `guided_regex` / `guided_choice` /
+`guided_grammar`.  One grammar per request; errors name the wire field.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from minilm_engine.core.sampling_params import SamplingParams
+from minilm_engine.core.sampling_params import SamplingParams, StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -119,13 +127,6 @@ SAMPLING_NOT_IMPLEMENTED = (
     NotImplementedField("bad_words", _empty, "[]"),
     NotImplementedField("allowed_token_ids", lambda v: False, "null"),
     NotImplementedField("truncate_prompt_tokens", lambda v: False, "null"),
-    NotImplementedField("guided_json", lambda v: False, "null"),
-    NotImplementedField("guided_regex", lambda v: False, "null"),
-    NotImplementedField("guided_choice", lambda v: False, "null"),
-    NotImplementedField("guided_grammar", lambda v: False, "null"),
-    NotImplementedField("structured_outputs", lambda v: False, "null"),
-    NotImplementedField("response_format", lambda v: isinstance(v, dict) and v.get("type") == "text",
-                        '{"type": "text"}'),
 )
 COMPLETION_NOT_IMPLEMENTED = (
     NotImplementedField("suffix", _empty, '""'),
@@ -141,6 +142,29 @@ CHAT_NOT_IMPLEMENTED = (
 class StreamOptions(_Lenient):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: usage on every chunk (with include_usage)
+
+
+class JsonSchemaFormat(_Lenient):
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None  # accepted; the output is constrained either way (vLLM's rule)
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsBody(_Lenient):
+    """vLLM's `structured_outputs` body field: StructuredOutputsParams' fields on the wire."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    disable_any_whitespace: bool = False
 
 
 class _SamplingFields(_Lenient):
@@ -176,12 +200,13 @@ class _SamplingFields(_Lenient):
     bad_words: Any = None
     allowed_token_ids: Any = None
     truncate_prompt_tokens: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    structured_outputs: Any = None
-    response_format: Any = None
+    # Structured outputs (see the module docstring): one grammar, in any of three spellings.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     # The endpoint's own known-but-not-implemented fields, checked after SAMPLING_NOT_IMPLEMENTED.
     not_implemented: ClassVar[tuple[NotImplementedField, ...]] = ()
@@ -227,7 +252,50 @@ class _SamplingFields(_Lenient):
             logprobs=self.sample_logprobs(),
             prompt_logprobs=self.prompt_logprobs_wanted(),
             include_stop_str_in_output=self.include_stop_str_in_output,
+            structured_outputs=self.structured_outputs_params(),
         )
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """response_format / structured_outputs / guided_* -> one StructuredOutputsParams (None:
+        unconstrained); ValueError naming the wire field when it is wrong."""
+        given: dict[str, tuple[str, Any]] = {}  # StructuredOutputsParams field -> (wire name, value)
+        options = self.structured_outputs
+        if options is not None:
+            for name, value in (("json", options.json_), ("json_object", options.json_object),
+                                ("regex", options.regex), ("choice", options.choice), ("grammar", options.grammar)):
+                if value is not None:
+                    given[name] = (f"structured_outputs.{name}", value)
+        for name in ("json", "regex", "choice", "grammar"):
+            value = getattr(self, f"guided_{name}")
+            if value is not None:
+                given[name] = (f"guided_{name}", value)
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            given["json_object"] = ("response_format", True)
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None:
+                raise ValueError('response_format: type "json_schema" needs json_schema: {"name": ..., "schema": {...}}')
+            given["json"] = ("response_format.json_schema.schema", fmt.json_schema.json_schema)
+        if not given:
+            if options is not None:
+                raise ValueError("structured_outputs needs one of json, json_object, regex, choice, grammar")
+            return None
+        if len(given) > 1:
+            raise ValueError(f"{sorted(wire for wire, _ in given.values())[0]}: one grammar per request, got "
+                             f"{', '.join(sorted(wire for wire, _ in given.values()))}")
+        ((name, (wire, value)),) = given.items()
+        try:
+            return StructuredOutputsParams(
+                **{name: value}, disable_any_whitespace=options.disable_any_whitespace if options else False)
+        except (ValueError, TypeError) as e:
+            raise type(e)(str(e).replace(f"structured_outputs.{name}", wire, 1)) from None
+
+    @property
+    def constrained(self) -> bool:
+        """Whether the request asks for a grammar (the grammar, not a stop string, ends its turn)."""
+        fmt = self.response_format
+        return (fmt is not None and fmt.type != "text") or self.structured_outputs is not None or any(
+            getattr(self, f"guided_{name}") is not None for name in ("json", "regex", "choice", "grammar"))
 
     def sample_logprobs(self) -> int | None:
         """How many top logprobs per sampled token (None: none asked)."""

@@ -223,7 +223,9 @@ class OpenAIServing:
         # The template's stop strings end the assistant's turn, as an end-of-turn token does in
         # a chat model's generation_config; vLLM's ignore_eos ignores those too (guidellm and
         # `bench serve` ask for exactly max_tokens with ignore_eos and no stop).
-        turn_end = () if body.ignore_eos else self.chat_format.default_stop
+        # A grammar ends its own turn (it allows EOS only once complete), and its text may hold
+        # the template's stop strings (a newline in JSON's whitespace): no turn-end stops then.
+        turn_end = () if body.ignore_eos or body.constrained else self.chat_format.default_stop
         requests = self._make(response_id, prompt, body, body.max_new_tokens, turn_end)
         return Prepared(response_id, requests, body.model, body.include_usage, body.continuous_usage,
                         tokenizer=self.engine.llm.tokenizer)
@@ -441,7 +443,7 @@ def _prompt_logprobs_json(rows: list[PositionLogprobs | None] | None) -> list[di
 def _param_named_in(message: str, body: _SamplingFields | None = None) -> str | None:
     """The request field an error message starts with ("top_p must be ..." -> "top_p"); in a
     chat request, the engine's "logprobs" limit is about top_logprobs."""
-    first = message.split(" ", 1)[0].split("[", 1)[0]
+    first = message.split(" ", 1)[0].split("[", 1)[0].split(".", 1)[0].rstrip(":")  # "a.b: ..." -> "a"
     if not first.isidentifier():
         return None
     if isinstance(body, ChatCompletionRequest) and first == "logprobs":
