@@ -166,7 +166,8 @@ def test_slot_mapping_forgetting_the_block_size(setup):
     def no_multiply(table, block_size, start, end):
         return [table[p // block_size] + p % block_size for p in range(start, end)]
 
-    assert_fails(build.check("slot_mapping", no_multiply, setup), "greedy tokens differ", "request", "token")
+    assert_fails(build.check("slot_mapping", no_multiply, setup), "position 0 is the 1st token of the table's block 0",
+                 "so its slot is 42 * 4 + 0 = 168; your function gives 42")
 
 
 def test_slot_mapping_wrong_type_and_length(setup):
@@ -195,7 +196,19 @@ def test_share_block_leaving_the_block_in_the_free_queue(setup):
     def stays_free(block, free_queue):
         block.ref_cnt += 1
 
-    assert_fails(build.check("share_block", stays_free, setup), "block pool is inconsistent", "free queue")
+    assert_fails(build.check("share_block", stays_free, setup), "still in the free queue",
+                 "the next allocation can take it")
+
+
+def test_share_block_reordering_the_free_queue(setup):
+    def move_to_end(block, free_queue):
+        if block.ref_cnt == 0:
+            free_queue.pop(block.block_id)
+            first = next(iter(free_queue))
+            free_queue.move_to_end(first)  # the LRU order spoiled
+        block.ref_cnt += 1
+
+    assert_fails(build.check("share_block", move_to_end, setup), "keep the others' order (LRU)")
 
 
 def test_the_preemption_workload_preempts(setup):
@@ -230,10 +243,10 @@ def _admits_without(part):
 @pytest.mark.parametrize(
     "part, phrases",
     [
-        ("seats", ["max_num_seqs is 3", "every seat taken"]),
-        ("budget", ["token budget has no room", "num_new_tokens is 0"]),
-        ("blocks", ["pool does not have", "num_new_blocks > num_free_blocks"]),
-        ("preempted", ["just preempted", "thrashing"]),
+        ("seats", ["your rule says True, the reference False", "every seat is taken (3 running, max_num_seqs 3)"]),
+        ("budget", ["your rule says True, the reference False", "num_new_tokens is 0"]),
+        ("blocks", ["your rule says True, the reference False", "it needs 5 blocks and only 4 are free"]),
+        ("preempted", ["preempted earlier in this step", "thrashing"]),
     ],
 )
 def test_admission_ignoring_one_limit_names_it(part, phrases, setup):
@@ -241,9 +254,15 @@ def test_admission_ignoring_one_limit_names_it(part, phrases, setup):
 
 
 def test_admission_that_never_admits_or_admits_one_at_a_time(setup):
-    assert_fails(build.check("admits", lambda s: False, setup), "keeps the queue's head waiting", "starved")
+    assert_fails(build.check("admits", lambda s: False, setup), "your rule says False, the reference True", "has a seat")
     one_at_a_time = lambda s: s.num_running == 0 and my_admits(s)  # noqa: E731
-    assert_fails(build.check("admits", one_at_a_time, setup), "schedule differs", "starts now")
+    assert_fails(build.check("admits", one_at_a_time, setup), "your rule says False", "(2 of 3 taken)")
+
+
+def test_admission_refusing_an_exact_fit_of_blocks(setup):
+    strict = lambda s: my_admits(s) and s.num_new_blocks < s.num_free_blocks  # noqa: E731
+    assert_fails(build.check("admits", strict, setup), "your rule says False, the reference True",
+                 "needs 4 blocks of the 4 free")
 
 
 def test_admission_wrong_type_and_the_package_function(setup):

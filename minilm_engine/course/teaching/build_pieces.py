@@ -28,10 +28,13 @@ from minilm_engine.course.teaching.build_runs import (
 )
 from minilm_engine.course.teaching.build_stats import check_accept_rule_distribution
 from minilm_engine.course.teaching.build_units import (
+    check_admits_alone,
     check_append_and_attend_alone,
     check_int4_alone,
     check_int8_alone,
     check_num_tokens_alone,
+    check_share_block_alone,
+    check_slot_mapping_alone,
 )
 
 Fn = Callable[..., Any]
@@ -134,6 +137,13 @@ def _adapt_slot_mapping(fn: Fn) -> Fn:
             i = j
         return slots
 
+    one = checked_slot_mapping(fn)
+    return step
+
+
+def checked_slot_mapping(fn: Fn) -> Fn:
+    """The learner's one-sequence function, its answers checked (a list of as many ints as positions)."""
+
     def one(block_table, block_size, start, end):
         out = fn(list(block_table), block_size, start, end)
         if not isinstance(out, (list, tuple)):
@@ -148,13 +158,14 @@ def _adapt_slot_mapping(fn: Fn) -> Fn:
             raise PieceError(f"slots must be ints, got {bad!r} ({type(bad).__name__})")
         return list(out)
 
-    return step
+    return one
 
 
 def _check_slot_mapping(fn: Fn, setup: BuildSetup) -> list[str]:
+    alone = check_slot_mapping_alone(checked_slot_mapping(fn))
     want = reference_run(setup, PAGED_ARGS, waves=2)
     got = _with("kv_cache.step_slot_mapping", fn, lambda: run_engine(setup, PAGED_ARGS, waves=2))
-    return [require_same_tokens(got, want, setup), "the block pool empty after", _calls("kv_cache.step_slot_mapping")]
+    return [alone, require_same_tokens(got, want, setup), "the block pool empty after", _calls("kv_cache.step_slot_mapping")]
 
 
 _piece(
@@ -189,9 +200,11 @@ def _adapt_share_block(fn: Fn) -> Fn:
 def _check_share_block(fn: Fn, setup: BuildSetup) -> list[str]:
     # Two waves: the second wave's prompts hit the prefix blocks the first left cached-free,
     # and share them with each other while running.
+    alone = check_share_block_alone(get_adapter("kv_cache.share_block")(fn))
     want = reference_run(setup, PAGED_ARGS, waves=2)
     got = _with("kv_cache.share_block", fn, lambda: run_engine(setup, PAGED_ARGS, waves=2))
     return [
+        alone,
         "ref counts equal the number of block tables holding each block, after every step",
         require_same_tokens(got, want, setup),
         "the block pool empty after",
@@ -395,7 +408,7 @@ def _check_admits(fn: Fn, setup: BuildSetup) -> list[str]:
     from minilm_engine.course.teaching.build_runs import first_schedule_difference
 
     roomy, tight = admit_args(setup)
-    details = []
+    details = [check_admits_alone(get_adapter("scheduler.admits")(fn))]
     for label, args in ((f"{roomy['max_num_seqs']} seats, a {roomy['max_num_batched_tokens']}-token budget", roomy),
                         (f"a pool of {tight['num_kv_blocks']} blocks", tight)):
         want = reference_run(setup, args)

@@ -179,3 +179,101 @@ def check_int4_alone(call: Fn) -> str:
     w = random_weight(torch.Generator().manual_seed(7), K=80)  # 80 = 2.5 groups of 32: a padded group
     call(w, 32, 1.0, torch.float32)
     return "alone: a random weight (an outlier, a tiny row, a negative row, a padded group) within half a step"
+
+
+# -- 03: slot mapping and sharing a cached block ---------------------------------------------------
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def check_slot_mapping_alone(fn: Fn) -> str:
+    """`fn(block_table, block_size, start, end)` (its answers' type checked) on random tables: ranges inside one block, across
+    block boundaries, starting or ending on one, empty, of blocks of one token."""
+    reference = pluggable.default("kv_cache.slot_mapping")
+    gen = torch.Generator().manual_seed(3)
+    cases = []
+    for block_size in (4, 1, 16):
+        table = torch.randperm(64, generator=gen)[:6].tolist()
+        n = block_size * len(table)
+        cases += [(table, block_size, 0, n), (table, block_size, 1, min(3, n)), (table, block_size, block_size, n),
+                  (table, block_size, n // 2, n // 2), (table, block_size, n - 1, n)]
+    for table, block_size, start, end in cases:
+        got = fn(list(table), block_size, start, end)  # (checked: a list of end - start ints)
+        want = reference(table, block_size, start, end)
+        for pos, g, w in zip(range(start, end), got, want):
+            if g != w:
+                b, offset = pos // block_size, pos % block_size
+                raise BuildFailure(
+                    f"alone, block_table={table}, block_size={block_size}, positions [{start}, {end}): position {pos} "
+                    f"is the {_ordinal(offset + 1)} token of the table's block {b} (block id {table[b]}), so its slot is "
+                    f"{table[b]} * {block_size} + {offset} = {w}; your function gives {g}"
+                )
+    return f"alone: {len(cases)} random tables and ranges (across block boundaries, empty, blocks of 1 and 16) match"
+
+
+def check_share_block_alone(call: Fn) -> str:
+    """A block nobody holds (cached-free, in the middle of the free queue) and a block already held
+    by two requests, each shared once: ref counts, the free queue and its order after."""
+    from collections import OrderedDict
+
+    from minilm_engine.core.block_pool import KVCacheBlock
+
+    reference = pluggable.default("kv_cache.share_block")
+    for ref_cnt, what in ((0, "a cached block nobody held (ref_cnt 0, in the free queue)"),
+                          (2, "a block two requests already hold (ref_cnt 2, not in the free queue)")):
+        states = []
+        for fn in (call, reference):
+            free = [KVCacheBlock(i, 0, None) for i in (4, 9, 2)]
+            block = KVCacheBlock(7, ref_cnt, 1234)
+            queue = OrderedDict((b.block_id, b) for b in (free[:2] + ([block] if ref_cnt == 0 else []) + free[2:]))
+            fn(block, queue)
+            states.append((block.ref_cnt, list(queue)))
+        (got_cnt, got_queue), (want_cnt, want_queue) = states
+        if got_cnt != want_cnt:
+            raise BuildFailure(f"alone, {what}: after share_block its ref_cnt is {got_cnt}, expected {want_cnt}: "
+                               f"the count is how many requests would be hurt if the block were reused")
+        if 7 in got_queue:
+            raise BuildFailure(f"alone, {what}: after share_block it is still in the free queue {got_queue}: the "
+                               f"next allocation can take it and overwrite the KV its new holder reads")
+        if got_queue != want_queue:
+            raise BuildFailure(f"alone, {what}: the free queue is {got_queue} after share_block, expected "
+                               f"{want_queue}: take out only the shared block, and keep the others' order (LRU)")
+    return "alone: a cached-free block and a held block, shared once each: ref counts and the free queue right"
+
+
+# -- 01: admission --------------------------------------------------------------------------------
+
+
+def check_admits_alone(call: Fn) -> str:
+    """Every combination of the decision's parts, with the edges: the last seat, no budget, the
+    blocks needed exactly the blocks free, one more than free, a preemption earlier in the step."""
+    from itertools import product
+
+    from minilm_engine.core.scheduler import AdmissionState
+
+    reference = pluggable.default("scheduler.admits")
+    num_cases = 0
+    for num_running, num_new_tokens, (num_new_blocks, num_free_blocks), num_preempted in product(
+            (0, 2, 3), (0, 1, 6), ((3, 4), (4, 4), (5, 4), (0, 0)), (0, 1)):
+        state = AdmissionState(num_running=num_running, max_num_seqs=3, num_new_tokens=num_new_tokens,
+                               num_new_blocks=num_new_blocks, num_free_blocks=num_free_blocks,
+                               num_preempted=num_preempted)
+        got, want = call(state), reference(state)
+        num_cases += 1
+        if got == want:
+            continue
+        if want:
+            why = (f"it has a seat ({num_running} of 3 taken), {num_new_tokens} tokens in the budget, needs "
+                   f"{num_new_blocks} blocks of the {num_free_blocks} free, and nobody was preempted this step")
+        elif num_preempted:
+            why = "a request was preempted earlier in this step: the pool is short, admit nobody (no thrashing)"
+        elif num_running >= 3:
+            why = f"every seat is taken ({num_running} running, max_num_seqs 3)"
+        elif num_new_tokens == 0:
+            why = "the step's token budget has no room for it (num_new_tokens is 0)"
+        else:
+            why = f"it needs {num_new_blocks} blocks and only {num_free_blocks} are free"
+        raise BuildFailure(f"alone, {state}: your rule says {got}, the reference {want}: {why}")
+    return f"alone: {num_cases} states (the last seat, no budget, blocks exactly enough and one short, after a preemption)"
