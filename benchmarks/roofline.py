@@ -2,9 +2,11 @@
 
 Measures the read bandwidth (a large read-only reduction) and the fp32 matmul FLOP/s, then times
 decode steps of a Qwen3-0.6B-shaped model (`course/known_configs.py`, random weights) at each
-batch size and precision, on the fused CPU path twice: with the micro-kernel (the default:
-`dense_mm` below the measured row crossover) and without it (torch's matmuls, the path before
-it).  The two models alternate in every round, so a busy moment on a shared machine hits both.
+batch size and precision, twice: with the micro-kernel (the default: fp32 / bf16 on the fused
+CPU path, `dense_mm` below the measured row crossover; int8 / int4 weight-only on the readable
+decoder, `int8_mm` / `int4_mm`) and without it (torch's matmuls or weight-only operators, the
+path before it).  int8 / int4 run with bf16 activations where this CPU multiplies bf16
+natively, else fp32 (`real_shape.default_dtype`), and keep the head in that dtype.  The two models alternate in every round, so a busy moment on a shared machine hits both.
 The functions are the course's (`course/experiments/roofline.py`), which chapter 01 draws:
 
     predicted(B) = max(weight bytes / read bandwidth, 2 * matmul params * B / matmul FLOP/s)
@@ -14,7 +16,7 @@ ratio to the prediction in brackets (1.0x: the step is the roofline).
 
     python benchmarks/roofline.py --threads 2             # full size: a few minutes
     python benchmarks/roofline.py --quick                 # a tiny config: seconds (the smoke test)
-    python benchmarks/roofline.py --precisions fp32 --batch-sizes 1,4,16 --json out.json
+    python benchmarks/roofline.py --precisions fp32,bf16,int8,int4 --batch-sizes 1,4,16 --json out.json
 """
 
 from __future__ import annotations
@@ -31,20 +33,34 @@ from common import QUICK_OVERRIDES, QWEN3_0_6B, add_threads_option, apply_thread
 from minilm_engine import LLM
 from minilm_engine.course.experiments.batching import hardware_summary
 from minilm_engine.course.experiments.quantization import write_random_qwen3
+from minilm_engine.course.experiments.real_shape import default_dtype
 from minilm_engine.course.experiments.roofline import measure_roofline, step_cost, time_steps
 from minilm_engine.course.known_configs import KNOWN_CONFIGS
 from minilm_engine.model.fused_cpu import fuse_for_cpu
 from minilm_engine.model.quantization.kernels import cpu_compiled
+from minilm_engine.model.quantization.kernels.cpu import CPUKernel
+from minilm_engine.model.quantization.linear import QuantizedLinear
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+SCHEMES = ("int8", "int4")
 
 
-def load_pair(folder: Path, dtype: str) -> dict:
-    """The fused CPU path with the micro-kernel ("kernel") and without it ("torch")."""
-    args = dict(dtype=DTYPES[dtype], record_trace=False, max_num_seqs=64)
-    with_kernel = LLM(folder, model_backend="fused", **args)
-    without = LLM(folder, model_backend="reference", **args)
-    fuse_for_cpu(without.model, microkernel=False)
+def load_pair(folder: Path, precision: str) -> dict:
+    """The model with the micro-kernel ("kernel") and without it ("torch")."""
+    args = dict(record_trace=False, max_num_seqs=64)
+    if precision in DTYPES:
+        with_kernel = LLM(folder, model_backend="fused", dtype=DTYPES[precision], **args)
+        without = LLM(folder, model_backend="reference", dtype=DTYPES[precision], **args)
+        fuse_for_cpu(without.model, microkernel=False)
+        return {"kernel": with_kernel.model, "torch": without.model}
+    args.update(dtype=default_dtype("cpu"), quantization=precision)
+    with_kernel = LLM(folder, quantization_config={"kernel": "cpu"}, **args)
+    without = LLM(folder, quantization_config={"kernel": "reference"}, **args)
+    operators = CPUKernel(microkernel=False)  # torch's weight-only operators
+    for module in without.model.modules():
+        if isinstance(module, QuantizedLinear):
+            operators.prepare(module)
+            module.kernel = operators
     return {"kernel": with_kernel.model, "torch": without.model}
 
 
@@ -56,7 +72,7 @@ def cell(times, predicted_s: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny config, one round (the smoke test)")
-    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16, int8, int4")
     parser.add_argument("--batch-sizes", default="1,2,4,8,16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4, help="decode steps timed per cell and round")
@@ -85,7 +101,7 @@ def main() -> None:
         write_random_qwen3(folder, **fields)
         print(f"\n{QWEN3_0_6B} shape{' (tiny, --quick)' if args.quick else ''}, {fields['num_hidden_layers']} layers, "
               f"random weights; {num_rounds} round(s) x {args.steps} steps per cell\n")
-        print(f"{'precision':>9} {'B':>3} {'predicted':>10}   {'fused + micro-kernel':<34} {'fused, torch matmuls':<34} speedup")
+        print(f"{'precision':>9} {'B':>3} {'predicted':>10}   {'with the micro-kernel':<34} {'without (torch, before)':<34} speedup")
         for precision in precisions:
             models = load_pair(folder, precision)
             cost = step_cost(models["kernel"])
