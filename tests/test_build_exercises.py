@@ -104,6 +104,32 @@ def my_int4(w, group_size):
     return codes.to(torch.uint8).view(N, K), scales, lo
 
 
+def my_cached_prefix(block_hashes, cached_blocks):
+    blocks = []
+    for h in block_hashes:
+        if h not in cached_blocks:
+            break
+        blocks.append(cached_blocks[h])
+    return blocks
+
+
+def my_take_free_blocks(num_blocks, free_queue, cached_blocks):
+    taken = [free_queue.pop(block_id) for block_id in list(free_queue)[:num_blocks]]
+    for block in taken:
+        if block.block_hash is not None:
+            cached_blocks.pop(block.block_hash)
+            block.block_hash = None
+        block.ref_cnt = 1
+    return taken
+
+
+def my_release_blocks(blocks, free_queue):
+    for block in blocks:
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            free_queue[block.block_id] = block
+
+
 CORRECT = {
     "append_and_attend": my_append_and_attend,
     "slot_mapping": my_slot_mapping,
@@ -114,6 +140,9 @@ CORRECT = {
     "accept_drafts": my_accept,
     "int8_weight": my_int8,
     "int4_weight": my_int4,
+    "cached_prefix": my_cached_prefix,
+    "take_free_blocks": my_take_free_blocks,
+    "release_blocks": my_release_blocks,
 }
 
 
@@ -137,7 +166,7 @@ def test_the_package_function_gets_a_nudge_not_a_pass(setup):
 
 
 @pytest.mark.parametrize("piece", ["append_and_attend", "num_tokens_this_step", "accept_drafts", "int8_weight",
-                                   "int4_weight"])
+                                   "int4_weight", "cached_prefix", "take_free_blocks", "release_blocks"])
 def test_the_package_function_of_each_piece_gets_a_nudge(piece, setup):
     own = pluggable.default(build.get_piece(piece).registry_name)
     assert_fails(build.check(piece, own, setup), "package's own", "write it yourself")
@@ -209,6 +238,93 @@ def test_share_block_reordering_the_free_queue(setup):
         block.ref_cnt += 1
 
     assert_fails(build.check("share_block", move_to_end, setup), "keep the others' order (LRU)")
+
+
+# -- the allocator: lookup, allocation with eviction, freeing ---------------------------------------
+
+
+def test_the_allocator_workloads_hit_and_evict(setup):
+    from minilm_engine.course.teaching.build_allocator import TIGHT_PAGED_ARGS
+    from minilm_engine.course.teaching.build_runs import run_engine
+
+    kinds = set()
+    run_engine(setup, TIGHT_PAGED_ARGS, waves=2,
+               observe=lambda llm, step: kinds.update(e.kind for e in llm.engine.trace.records[-1].block_events))
+    assert {"shared", "evicted", "freed"} <= kinds, kinds
+
+
+def test_cached_prefix_past_a_miss(setup):
+    def skips_misses(block_hashes, cached_blocks):
+        return [cached_blocks[h] for h in block_hashes if h in cached_blocks]
+
+    assert_fails(build.check("cached_prefix", skips_misses, setup), "block 2's hash (103) is not cached",
+                 "stop at the first miss")
+    assert_fails(build.check("cached_prefix", lambda hashes, cached: [], setup), "take every leading block")
+    assert_fails(build.check("cached_prefix", lambda hashes, cached: hashes, setup), "list of the cached blocks")
+
+
+def test_take_free_blocks_usual_mistakes(setup):
+    def from_the_tail(num_blocks, free_queue, cached_blocks):
+        taken = [free_queue.pop(block_id) for block_id in list(free_queue)[::-1][:num_blocks]]
+        for block in taken:
+            if block.block_hash is not None:
+                cached_blocks.pop(block.block_hash)
+                block.block_hash = None
+            block.ref_cnt = 1
+        return taken
+
+    def no_eviction(num_blocks, free_queue, cached_blocks):
+        taken = [free_queue.pop(block_id) for block_id in list(free_queue)[:num_blocks]]
+        for block in taken:
+            block.ref_cnt = 1
+        return taken
+
+    def hash_left_in_the_cache(num_blocks, free_queue, cached_blocks):
+        taken = no_eviction(num_blocks, free_queue, cached_blocks)
+        for block in taken:
+            block.block_hash = None
+        return taken
+
+    def no_refcount(num_blocks, free_queue, cached_blocks):
+        taken = my_take_free_blocks(num_blocks, free_queue, cached_blocks)
+        for block in taken:
+            block.ref_cnt = 0
+        return taken
+
+    assert_fails(build.check("take_free_blocks", from_the_tail, setup), "took blocks [1]", "(LRU)")
+    assert_fails(build.check("take_free_blocks", no_eviction, setup), "block 5 held the cached prefix 55", "evict it")
+    assert_fails(build.check("take_free_blocks", hash_left_in_the_cache, setup), "cached_blocks still maps 55")
+    assert_fails(build.check("take_free_blocks", no_refcount, setup), "ref_cnt 0 after allocation, expected 1")
+    assert_fails(build.check("take_free_blocks", lambda n, q, c: [], setup), "your function returned 0")
+
+
+def test_release_blocks_usual_mistakes(setup):
+    def frees_shared_blocks(blocks, free_queue):
+        for block in blocks:
+            block.ref_cnt = max(block.ref_cnt - 1, 0)
+            free_queue[block.block_id] = block
+
+    def to_the_head(blocks, free_queue):
+        my_release_blocks(blocks, free_queue)
+        for block in reversed(blocks):
+            if block.ref_cnt == 0:
+                free_queue.move_to_end(block.block_id, last=False)
+
+    def drops_the_hash(blocks, free_queue):
+        my_release_blocks(blocks, free_queue)
+        for block in blocks:
+            if block.ref_cnt == 0:
+                block.block_hash = None
+
+    def forgets_the_count(blocks, free_queue):
+        for block in blocks:
+            free_queue[block.block_id] = block
+
+    assert_fails(build.check("release_blocks", frees_shared_blocks, setup), "block 2 joined the free queue",
+                 "another request still holds it")
+    assert_fails(build.check("release_blocks", to_the_head, setup), "expected [4, 9, 7]", "join the tail")
+    assert_fails(build.check("release_blocks", drops_the_hash, setup), "lost its cached prefix")
+    assert_fails(build.check("release_blocks", forgets_the_count, setup), "each block loses one holder")
 
 
 def test_the_preemption_workload_preempts(setup):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
 from dataclasses import dataclass
 from typing import Literal
 
@@ -110,6 +111,36 @@ def share_block(block: KVCacheBlock, free_queue: OrderedDict[int, KVCacheBlock])
     block.ref_cnt += 1
 
 
+@replaceable("kv_cache.take_free_blocks")
+def take_free_blocks(
+    num_blocks: int, free_queue: OrderedDict[int, KVCacheBlock], cached_blocks: dict[int, KVCacheBlock]
+) -> list[KVCacheBlock]:
+    """Allocation: the `num_blocks` blocks at the head of the free queue (freed longest ago: LRU),
+    each now held once (ref_cnt 1).  A taken block that still held a cached prefix loses it
+    (eviction): its KV is about to be overwritten, so its hash must lead nobody to it any more.
+    The caller has checked that the queue holds enough blocks."""
+    new_blocks = []
+    for _ in range(num_blocks):
+        _, block = free_queue.popitem(last=False)
+        if block.block_hash is not None:
+            del cached_blocks[block.block_hash]
+            block.block_hash = None
+        block.ref_cnt = 1
+        new_blocks.append(block)
+    return new_blocks
+
+
+@replaceable("kv_cache.release_blocks")
+def release_blocks(blocks: Sequence[KVCacheBlock], free_queue: OrderedDict[int, KVCacheBlock]) -> None:
+    """Freeing: one holder fewer for each block; a block nobody holds any more joins the tail of
+    the free queue, in the order given (evicted last), and keeps its cached prefix, so a later
+    prompt can still take it back.  The caller has checked there is no double free."""
+    for block in blocks:
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            free_queue[block.block_id] = block
+
+
 class BlockPool:
     """Owns all `num_blocks` blocks of the KV cache.
 
@@ -185,14 +216,17 @@ class BlockPool:
                 f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} of "
                 f"{self.num_blocks} are free (check with num_free_blocks first)"
             )
-        new_blocks = []
-        for _ in range(num_blocks):
-            _, block = self._free_queue.popitem(last=False)
-            if block.block_hash is not None:
-                self._evict(block)
-            block.ref_cnt = 1
-            self._log("allocated", block)
-            new_blocks.append(block)
+        # Which of the blocks about to be taken hold a prefix: looked at only for an observer.
+        evicted = set()
+        if self.observer is not None:
+            heads = islice(self._free_queue.values(), num_blocks)
+            evicted = {block.block_id for block in heads if block.block_hash is not None}
+        new_blocks = take_free_blocks(num_blocks, self._free_queue, self.cached_blocks)
+        if self.observer is not None:
+            for block in new_blocks:
+                if block.block_id in evicted:
+                    self._log("evicted", block)
+                self._log("allocated", block)
         return new_blocks
 
     def _evict(self, block: KVCacheBlock) -> None:
@@ -275,11 +309,13 @@ class BlockPool:
                     f"double free of block {block.block_id}: ref_cnt is {block.ref_cnt} "
                     f"but it was freed {num_frees[block.block_id]} time(s)"
                 )
-        for block in blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self._free_queue[block.block_id] = block
-                self._log("freed", block)
+        release_blocks(blocks, self._free_queue)
+        if self.observer is not None:
+            logged = set()
+            for block in blocks:
+                if block.ref_cnt == 0 and block.block_id not in logged:
+                    logged.add(block.block_id)
+                    self._log("freed", block)
 
     # ------------------------------------------------------------------ inspection
     def block_state(self, block: KVCacheBlock) -> BlockState:

@@ -40,12 +40,29 @@ Blocks are cached in step 4, after the forward pass, never before their KV exist
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from minilm_engine.core.block_pool import BlockPool, KVCacheBlock, hash_block_tokens
 from minilm_engine.core.kv_cache_utils import cdiv, slot_mapping
+from minilm_engine.pluggable import replaceable
 
 __all__ = ["BlockManager", "cdiv"]
+
+
+@replaceable("kv_cache.cached_prefix")
+def cached_prefix(block_hashes: Sequence[int], cached_blocks: Mapping[int, KVCacheBlock]) -> list[KVCacheBlock]:
+    """The prefix-cache lookup: the cached blocks of the longest run of leading `block_hashes`
+    (the chained hashes of a prompt's full blocks, in order) found in `cached_blocks` (hash ->
+    block, read-only).  It stops at the first miss: the chain is broken there, and a block after
+    the gap cannot be used without the KV of the one missing before it."""
+    blocks: list[KVCacheBlock] = []
+    for block_hash in block_hashes:
+        block = cached_blocks.get(block_hash)
+        if block is None:
+            break
+        blocks.append(block)
+    return blocks
 
 
 class BlockManager:
@@ -112,13 +129,7 @@ class BlockManager:
         for i in range(len(hashes), max_num_blocks):
             block_tokens = token_ids[i * self.block_size : (i + 1) * self.block_size]
             hashes.append(hash_block_tokens(hashes[-1] if hashes else None, block_tokens))
-        computed_blocks: list[KVCacheBlock] = []
-        for block_hash in hashes[:max_num_blocks]:
-            block = self.block_pool.get_cached_block(block_hash)
-            if block is None:
-                # The chain is broken here; a later hash cannot match (it folds this one in).
-                break
-            computed_blocks.append(block)
+        computed_blocks = cached_prefix(hashes[:max_num_blocks], MappingProxyType(self.block_pool.cached_blocks))
         return computed_blocks, len(computed_blocks) * self.block_size
 
     # ------------------------------------------------------------------ allocation

@@ -16,6 +16,9 @@ The pieces, in the order of the course's build path (`PIECES`, `notebooks/README
     02       append_and_attend    write a step's K/V into a contiguous cache, attend over it
     03       slot_mapping         token positions -> cache slots through a block table
     03       share_block          a prefix-cache hit: the block's ref count and the free queue
+    03       cached_prefix        the prefix-cache lookup: a prompt's longest run of cached blocks
+    03       take_free_blocks     allocation from the free queue's head, evicting cached prefixes (LRU)
+    03       release_blocks       freeing: ref counts, the free queue's tail, cached prefixes kept
     01       preemption_victim    out of blocks: which running request gives its blocks up
     01       admits               whether the waiting queue's head starts this step
     04       num_tokens_this_step how many of a request's tokens fit this step's token budget
@@ -28,7 +31,7 @@ Each piece is checked twice: first alone, on random inputs against the package's
 across the branches of its contract (`build_units.py`: several K/V heads per model, chunking on
 and off, every token an accept rule emits, any quantizer within the error bound), then in the
 engine.  Each piece's learner signature, hint and checker live in `build_pieces.py`
-(`build_kernels.py` for A1's Triton kernel); the engine runs and their comparison in
+(`build_allocator.py` for the block pool's allocator, `build_kernels.py` for A1's Triton kernel); the engine runs and their comparison in
 `build_runs.py`.
 """
 
@@ -107,7 +110,7 @@ def register_piece(piece: Piece) -> Piece:
 
 def pieces() -> dict[str, Piece]:
     """Every build piece by short name, in build-path order."""
-    from minilm_engine.course.teaching import build_kernels, build_pieces  # noqa: F401  (they register the pieces)
+    from minilm_engine.course.teaching import build_allocator, build_kernels, build_pieces  # noqa: F401  (they register the pieces)
 
     return dict(_PIECES)
 
