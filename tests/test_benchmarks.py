@@ -214,3 +214,9 @@ def test_roofline_benchmark_prints_measured_and_predicted_steps(tmp_path):
         ("fp32", 1), ("fp32", 2), ("bf16", 1), ("bf16", 2)]
     assert all(r["predicted_s"] > 0 and r["kernel_s"] and r["torch_s"] for r in data["rows"])
     assert set(data["ridge"]) == {"fp32", "bf16"}
+
+
+def test_structured_outputs_benchmark_prints_the_overhead_and_the_mask(tmp_path):
+    out = run([sys.executable, "structured_outputs.py", "--quick", "--threads", "1"], ROOT / "benchmarks").stdout
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["4"])]
+    assert len(rows) == 4 and rows[0][-1].endswith("%") and "the mask alone" in out, out
