@@ -75,6 +75,41 @@ def test_each_usual_mistake_fails_with_its_own_message(attempt, words):
     assert not result.passed and words in result.message, result.message
 
 
+def decides_before_refilling(level, capacity, rate, elapsed, amount):
+    if amount > capacity:
+        return False, min(capacity, level + elapsed * rate), math.inf
+    if level >= amount:
+        return True, min(capacity, level + elapsed * rate) - amount, 0.0
+    level = min(capacity, level + elapsed * rate)
+    return False, level, (amount - level) / rate
+
+
+def refuses_its_capacity(level, capacity, rate, elapsed, amount):
+    level = min(capacity, level + elapsed * rate)
+    if amount >= capacity:
+        return False, level, math.inf
+    if amount <= level:
+        return True, level - amount, 0.0
+    return False, level, (amount - level) / rate
+
+
+def forgets_the_refill_when_refusing(level, capacity, rate, elapsed, amount):
+    admitted, new_level, wait = correct(level, capacity, rate, elapsed, amount)
+    return (admitted, new_level, wait) if admitted else (False, level, wait)
+
+
+@pytest.mark.parametrize("attempt, words", [
+    (decides_before_refilling, "refill first, then decide on the level"),
+    (refuses_its_capacity, "a request of exactly the capacity (100) fits a full bucket"),
+    (forgets_the_refill_when_refusing, "after a refusal the bucket keeps what it holds"),
+])
+def test_mistakes_the_recorded_traffic_cannot_reach_are_named(attempt, words):
+    # The limiter refills with amount 0 and takes with no time elapsed, and no recorded request
+    # asks for exactly a limit: these attempts pass the replay; the edge cases catch them.
+    result = bucket_exercise.check(attempt, serve=False)
+    assert not result.passed and words in result.message, result.message
+
+
 def test_bad_answers_are_reported_not_raised():
     def raises(*args):
         raise NotImplementedError

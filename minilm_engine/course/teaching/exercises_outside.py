@@ -15,7 +15,10 @@ uses; then it
    event where the two disagree (admitted or refused, `Retry-After`, the tokens left), with the
    usual mistake it points to (a bucket that overfills after an idle gap, one that never
    refills, one that goes negative, a wait computed from the whole request);
-2. if that passes, serves the shipped chef with the learner's limiter and checks that real HTTP
+2. asks it directly the edges the limiter's own calls never reach (`edge_case_mistake`: it
+   refills with amount 0 and takes with no time elapsed): a refill and a request in one call
+   (refill first, then decide), a request of exactly the capacity, the level after a refusal;
+3. if that passes, serves the shipped chef with the learner's limiter and checks that real HTTP
    requests get the reference's 200s and 429s, and that no KV block is left held.
 
 It never raises on a wrong answer: an exception in the learner's code, a wrong return type or
@@ -196,6 +199,46 @@ def usual_mistake(fn: Take) -> str | None:
     return None
 
 
+def reference_take(level: float, capacity: int, rate: float, elapsed: float, amount: float) -> tuple[bool, float, float]:
+    """The package's `TokenBucket` answering one call of `take_from_bucket`: refill, then decide."""
+    bucket = TokenBucket(capacity, now=0.0)
+    bucket.rate, bucket.level = rate, level
+    bucket.refill(elapsed)
+    wait = bucket.seconds_until(amount)
+    if wait == 0.0:
+        bucket.take(amount)
+        return True, bucket.level, 0.0
+    return False, bucket.level, wait
+
+
+def edge_case_mistake(fn: Take) -> str | None:
+    """The edges the limiter's own calls never reach (it refills with amount 0, then takes with no
+    time elapsed): a request and a refill in one call, an amount of exactly the capacity or
+    exactly the refilled level, the state after a refusal.  None when every answer matches."""
+    capacity, rate = 100, 2.0
+    for level in (0.0, 30.0, 100.0):
+        for elapsed in (0.0, 10.0, 35.0, 1000.0):
+            for amount in (0, 20, 50, 100, 101):
+                want = reference_take(level, capacity, rate, elapsed, amount)
+                got = _call(fn, level, capacity, rate, elapsed, amount)
+                if got[0] == want[0] and _near(got[1], want[1]) and _near(got[2], want[2]):
+                    continue
+                call = f"take_from_bucket({level:g}, {capacity}, {rate:g}, {elapsed:g}, {amount})"
+                refilled = min(capacity, level + elapsed * rate)
+                told = f"{call} returned {got}, the reference {want}"
+                if amount == capacity and (want[0] != got[0] or math.isinf(got[2]) != math.isinf(want[2])):
+                    return (f"{told}: a request of exactly the capacity ({capacity}) fits a full bucket (so its "
+                            f"wait is finite); only a request larger than the capacity can never be admitted")
+                if want[0] != got[0] and elapsed > 0 and (level >= amount) != (refilled >= amount):
+                    return (f"{told}: the bucket held {level:g}, and {elapsed:g} s at {rate:g}/s refilled it to "
+                            f"{refilled:g} before the request arrived: refill first, then decide on the level")
+                if not want[0] and not got[0] and not _near(got[1], want[1]):
+                    return (f"{told}: after a refusal the bucket keeps what it holds, refilled ({refilled:g}): "
+                            f"a refusal takes nothing and loses nothing")
+                return told
+    return None
+
+
 def diagnose(event: Event, want: Outcome, got: Outcome, capacity: int) -> str:
     """The first disagreement, in words, with the usual mistake it points to."""
     where = f"at t = {event.time_s:g} s, key {event.key!r} asked for {event.tokens} tokens"
@@ -258,10 +301,13 @@ class BucketExercise:
                     where = f"at t = {event.time_s:g} s (key {event.key!r}, {event.tokens} tokens) the limiters disagree"
                     return CheckResult(False, checked, f"{where}: {mistake}" if mistake
                                        else diagnose(event, want, got, capacity))
+            edge = edge_case_mistake(fn)  # what the limiter's calls never ask: refill and take in one call
         except NotImplementedError:
             return CheckResult(False, 0, "take_from_bucket is not written yet (it raises NotImplementedError)")
         except LearnerAnswerError as e:
             return CheckResult(False, checked, str(e))
+        if edge is not None:
+            return CheckResult(False, checked, edge)
         message = f"the real RateLimiter with your bucket decided all {checked} recorded requests as the reference did"
         if serve:
             served = self._serve_check(fn)
