@@ -3,7 +3,8 @@
 Contract: `run_whole_engine(setup, pieces)` computes the package's reference runs first, then
 swaps all of `pieces` in at once and runs (1) the continuous engine with INT8 weights,
 a small pool (preemption), a small token budget (chunked prefill) and the prefix cache, greedy,
-against the reference engine token for token, and again with INT4 weights; (2) the same engine speculating with sampled
+against the reference engine token for token, again with chunked prefill off, and again with
+INT4 weights; (2) the same engine speculating with sampled
 requests (the accept rule inside, the pool empty after); (3) the static batch on the contiguous
 cache; (4) the accept rule's distribution test.  It returns what was checked, and the pieces
 that handed their work back to the package's own function.
@@ -24,7 +25,7 @@ from minilm_engine.course.teaching.build_runs import (
     run_engine,
 )
 from minilm_engine.course.teaching.build_stats import check_accept_rule_distribution
-from minilm_engine.course.teaching.build_pieces import get_adapter
+from minilm_engine.course.teaching.build_pieces import admit_args, get_adapter
 
 WHOLE_ARGS = {
     "block_size": 4,
@@ -43,6 +44,8 @@ def run_whole_engine(setup: BuildSetup, fns: dict[str, Any]) -> tuple[list[str],
     spec_args = {**args, "num_kv_blocks": 64, "speculative_config": {"model": setup.draft_model, "num_speculative_tokens": 3}}
     want = reference_run(setup, args, waves=2)
     want_int4 = reference_run(setup, int4_args)
+    no_chunk_args = admit_args(setup)[0]  # chunked prefill off: a prompt that does not fit waits
+    want_no_chunk = reference_run(setup, no_chunk_args)
     want_static = reference_run(setup, {"max_num_seqs": len(setup.prompts)}, strategy="static_batch")
     details: list[str] = []
     with ExitStack() as stack:
@@ -51,6 +54,8 @@ def run_whole_engine(setup: BuildSetup, fns: dict[str, Any]) -> tuple[list[str],
         got = run_engine(setup, args, waves=2, max_steps=4 * want.num_steps + 20)
         details.append("continuous engine (" + ", ".join(f"{k}={v}" for k, v in args.items()) + "): "
                        + require_same_tokens(got, want, setup) + f", {sum(map(len, got.preempted))} preemptions")
+        got_no_chunk = run_engine(setup, no_chunk_args, max_steps=4 * want_no_chunk.num_steps + 20)
+        details.append("chunked prefill off, 3 seats: " + require_same_tokens(got_no_chunk, want_no_chunk, setup))
         got_int4 = run_engine(setup, int4_args)
         details.append("INT4 weights: " + require_same_tokens(got_int4, want_int4, setup))
         sampled = SamplingParams(max_tokens=setup.max_tokens, temperature=1.0, ignore_eos=True)

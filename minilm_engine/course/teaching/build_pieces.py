@@ -275,31 +275,40 @@ def _fcfs_observer(llm, step: int) -> None:
             )
 
 
-def _probe_oldest_needs_room(fn: Fn, llm) -> None:
-    """Whether the engine run made the oldest request ask for room depends on the prompts; this
-    step makes it ask: three requests run, the pool is full, the oldest's next token needs a block."""
-    requests = llm.make_requests(["a", "b", "c"])
-    victim = get_adapter("scheduler.preemption_victim")(fn)(list(requests))
-    if victim is not requests[-1]:
+def _check_preemption_victim_alone(fn: Fn, llm) -> str:
+    """Whether the engine run made the oldest request ask for room depends on the prompts; these
+    calls make it ask, with 1 to 5 candidates (the one that needs room alone, and with up to four
+    newer running requests after it), against the reference rule."""
+    call = get_adapter("scheduler.preemption_victim")(fn)
+    reference = pluggable.default("scheduler.preemption_victim")
+    requests = llm.make_requests(["a", "b", "c", "d", "e"])
+    for n in range(1, len(requests) + 1):
+        candidates = requests[:n]
+        victim, want = call(list(candidates)), reference(list(candidates))
+        if victim is want:
+            continue
+        ids = [r.request_id for r in candidates]
         raise BuildFailure(
-            f"requests {[r.request_id for r in requests]} run, in arrival order, and the pool is full when the "
-            f"oldest, {requests[0].request_id!r}, needs a block: your rule preempts {victim.request_id!r}, "
-            f"so {victim.request_id!r} waits again while newer requests keep their blocks, and under steady "
-            f"load an old request can be pushed back for ever"
+            f"alone, requests {ids} run, in arrival order, and the pool is full when the oldest, {ids[0]!r}, needs "
+            f"a block: your rule preempts {victim.request_id!r}, so {victim.request_id!r} waits again while newer "
+            f"requests keep their blocks, and under steady load an old request can be pushed back for ever "
+            f"(the reference preempts {want.request_id!r})"
         )
+    return "alone: 1 to 5 candidates (the requester alone, with up to four newer ones after it): the same victim"
 
 
 def _check_preemption_victim(fn: Fn, setup: BuildSetup) -> list[str]:
     args = preempt_args(setup)
     want = reference_run(setup, args)
+    alone = _check_preemption_victim_alone(fn, want.llm)
     got = _with(
         "scheduler.preemption_victim",
         fn,
         lambda: run_engine(setup, args, observe=_fcfs_observer, max_steps=4 * want.num_steps + 20),
     )
     num_preempted = sum(len(p) for p in got.preempted)
-    _probe_oldest_needs_room(fn, got.llm)
     return [
+        alone,
         f"{num_preempted} preemptions, none of an older request while a newer one ran",
         require_same_tokens(got, want, setup),
         "the block pool empty after",
