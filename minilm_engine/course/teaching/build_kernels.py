@@ -48,7 +48,7 @@ def _triton_kernel(fn: Any) -> Any:
     return fn is triton_paged_decode.paged_decode_kernel
 
 
-def _paged_batch(gen) -> tuple[Any, Any, Any, Any]:
+def _paged_batch(gen, device) -> tuple[Any, Any, Any, Any]:
     """A random paged decode batch: 8 query heads over 2 K/V heads, context lengths inside one key
     tile, exactly one tile and over several (16 keys a tile), blocks of 4 scattered in the pool;
     the later keys lean towards the query, so the running maximum rises from tile to tile."""
@@ -74,9 +74,11 @@ def _paged_batch(gen) -> tuple[Any, Any, Any, Any]:
             k_cache[block, row] += (pos / n) * 1.5 * q[i].view(H_kv, H // H_kv, D).mean(1)
     last = torch.tensor([int(tables[i, (n - 1) // block_size]) * block_size + (n - 1) % block_size
                          for i, n in enumerate(context_lens)])
-    meta = PagedAttentionMetadata(slot_mapping=last, query_start_loc=torch.arange(len(context_lens) + 1),
-                                  context_lens=torch.tensor(context_lens), block_tables=tables)
-    return q, k_cache, v_cache, meta
+    meta = PagedAttentionMetadata(slot_mapping=last.to(device),
+                                  query_start_loc=torch.arange(len(context_lens) + 1, device=device),
+                                  context_lens=torch.tensor(context_lens, device=device),
+                                  block_tables=tables.to(device))
+    return q.to(device), k_cache.to(device), v_cache.to(device), meta
 
 
 def check_kernel_alone(fn: Any) -> str:
@@ -87,13 +89,16 @@ def check_kernel_alone(fn: Any) -> str:
     from minilm_engine.model.attention.paged import paged_attention_reference
     from minilm_engine.model.attention.triton_paged_decode import BLOCK_N, paged_decode_attention
 
-    q, k_cache, v_cache, meta = _paged_batch(torch.Generator().manual_seed(11))
+    # As the engine run: on a GPU where there is one (a compiled kernel reads GPU memory).
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    q, k_cache, v_cache, meta = _paged_batch(torch.Generator().manual_seed(11), device)
     want = paged_attention_reference(q, k_cache, v_cache, meta)
     with _with_kernel(fn):
         got = paged_decode_attention(q, k_cache, v_cache, meta).clone()
         # Which K/V head each query head reads: values constant j + 1 on K/V head j.
         probe_v = (torch.arange(v_cache.shape[2], dtype=torch.float32) + 1)[None, None, :, None].expand_as(v_cache)
-        probe = paged_decode_attention(q, k_cache, probe_v.contiguous(), meta)
+        probe = paged_decode_attention(q, k_cache, probe_v.contiguous(), meta).cpu()
+    got, want = got.cpu(), want.cpu()
     where = f"alone, a random paged batch of {meta.num_seqs} sequences (context lengths {meta.context_lens.tolist()})"
     if torch.count_nonzero(got) == 0:
         raise BuildFailure(f"{where}: your kernel's output is all zeros: normalise the running sum of values by "
