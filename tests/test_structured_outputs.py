@@ -248,3 +248,53 @@ def test_bad_grammars_get_a_400_naming_the_field(client, body, param, says):
         client.chat.completions.create(model="noodle-chef", messages=CHAT, max_tokens=5, extra_body=body)
     error = e.value.response.json()["error"]
     assert error["param"] == param and says in error["message"], error
+
+
+# -- forced tool calls: tool_choice "required" or a named function -----------------------------
+
+TOOLS = [
+    {"type": "function", "function": {"name": "order", "description": "Order bowls of noodles.",
+                                      "parameters": Order.model_json_schema()}},
+    {"type": "function", "function": {"name": "pay", "parameters": {
+        "type": "object", "properties": {"table": {"type": "integer", "minimum": 1, "maximum": 20}},
+        "required": ["table"], "additionalProperties": False}}},
+]
+
+
+def test_a_named_tool_choice_returns_a_call_of_that_function(client):
+    answer = client.chat.completions.create(
+        model="noodle-chef", messages=CHAT, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "order"}},
+        temperature=0, max_tokens=60, extra_body=NO_WHITESPACE)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "order" and call.id
+    Order.model_validate_json(call.function.arguments)
+
+
+def test_a_required_tool_choice_returns_calls_of_known_functions(client):
+    # parallel_tool_calls=False: one call (the shipped model, free to, keeps adding calls)
+    answer = client.chat.completions.create(model="noodle-chef", messages=CHAT, tools=TOOLS, tool_choice="required",
+                                            parallel_tool_calls=False, temperature=1.0, seed=2, max_tokens=120,
+                                            extra_body=NO_WHITESPACE)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, choice
+    for call in choice.message.tool_calls:
+        arguments = json.loads(call.function.arguments)
+        if call.function.name == "order":
+            Order.model_validate(arguments)
+        else:
+            assert call.function.name == "pay" and 1 <= arguments["table"] <= 20
+
+
+@pytest.mark.parametrize("changes, param, says", [
+    ({"tool_choice": {"type": "function", "function": {"name": "dance"}}}, "tool_choice", "'dance', which is not in tools"),
+    ({"tool_choice": "required", "stream": True}, "stream", "streamed tool calls"),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice", "request's grammar"),
+    ({"tool_choice": "auto"}, "tools", "needs tool calling"),
+])
+def test_tool_choices_this_server_cannot_follow_get_a_400(client, changes, param, says):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="noodle-chef", messages=CHAT, tools=TOOLS, max_tokens=5, **changes)
+    error = e.value.response.json()["error"]
+    assert error["param"] == param and says in error["message"], error

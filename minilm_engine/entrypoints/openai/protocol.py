@@ -27,7 +27,10 @@ them: OpenAI's `response_format` ({"type": "json_object"}, or "json_schema" with
 `json_schema.schema`; `strict` accepted, the output is always constrained), vLLM's
 `structured_outputs` body field (json, json_object, regex, choice, grammar,
 disable_any_whitespace), and vLLM's older `guided_json` / `guided_regex` / `guided_choice` /
-`guided_grammar`.  One grammar per request; errors name the wire field.
+`guided_grammar`.  One grammar per request; errors name the wire field.  Chat `tools` with
+`tool_choice` "required" or a named function are a grammar too (`tool_calls.py`: the output
+is constrained to the call's JSON and returned as `message.tool_calls`); "auto" is refused (no
+tool-call parser for free text yet), "none" answers in words.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from minilm_engine.core.sampling_params import SamplingParams, StructuredOutputsParams
+from minilm_engine.entrypoints.openai.tool_calls import forced_call_schema, named_function
 
 logger = logging.getLogger(__name__)
 
@@ -397,6 +401,18 @@ class ChatMessage(_Lenient):
         return message
 
 
+class FunctionDefinition(_Lenient):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema (None: any object)
+    strict: bool | None = None
+
+
+class ToolDefinition(_Lenient):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
 def _no_tools(tools: Any, choice: Any, tools_name: str, choice_name: str) -> tuple[str, str] | None:
     """Tools are accepted only when the model may not call them: no tool calling here."""
     if not tools:
@@ -414,8 +430,9 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template, as vLLM's
-    tools: Any = None
-    tool_choice: Any = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Any = None  # "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
+    parallel_tool_calls: bool = True  # OpenAI's: False -> "required" makes exactly one call
     functions: Any = None  # OpenAI's older spelling of tools
     function_call: Any = None
     logprobs: bool = False  # the sampled tokens' logprobs (OpenAI's chat shape)
@@ -436,11 +453,46 @@ class ChatCompletionRequest(_SamplingFields):
             return "top_logprobs", "top_logprobs needs logprobs: true"
         if self.top_logprobs is not None and self.top_logprobs < 0:
             return "top_logprobs", f"top_logprobs must be >= 0, got {self.top_logprobs}"
+        if self.forced_tool is not None and self.stream:
+            return "stream", "streamed tool calls are not supported by this server yet: ask with stream: false"
         for tools, choice in (("tools", "tool_choice"), ("functions", "function_call")):
+            if tools == "tools" and self.forced_tool is not None:
+                continue
             problem = _no_tools(getattr(self, tools), getattr(self, choice), tools, choice)
             if problem is not None:
                 return problem
         return super().unsupported()
+
+    @property
+    def forced_tool(self) -> str | None:
+        """With tools: "required", or the function tool_choice names; else None."""
+        if not self.tools:
+            return None
+        return "required" if self.tool_choice == "required" else named_function(self.tool_choice)
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """A forced tool call is the request's grammar (and then the only one)."""
+        if self.forced_tool is None:
+            return super().structured_outputs_params()
+        options = self.structured_outputs
+        others = (self.response_format is not None and self.response_format.type != "text") or any(
+            getattr(self, f"guided_{name}") is not None for name in ("json", "regex", "choice", "grammar")) or (
+            options is not None and any(getattr(options, name) is not None
+                                        for name in ("json_", "json_object", "regex", "choice", "grammar")))
+        if others:
+            raise ValueError("tool_choice: a forced tool call is the request's grammar; drop response_format "
+                             "/ structured_outputs, or use tool_choice \"none\"")
+        schema = forced_call_schema([tool.model_dump() for tool in self.tools], self.tool_choice,
+                                    self.parallel_tool_calls)
+        try:
+            return StructuredOutputsParams(
+                json=schema, disable_any_whitespace=options.disable_any_whitespace if options else False)
+        except (ValueError, TypeError) as e:
+            raise type(e)(str(e).replace("structured_outputs.json", "tools: a function's parameters", 1)) from None
+
+    @property
+    def constrained(self) -> bool:
+        return self.forced_tool is not None or super().constrained
 
     def sample_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -511,9 +563,21 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatTopLogprob(BaseModel):

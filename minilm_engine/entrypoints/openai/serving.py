@@ -45,6 +45,7 @@ from minilm_engine.entrypoints.openai.protocol import (
     warn_ignored,
 )
 from minilm_engine.entrypoints.openai.logprobs_format import chat_logprobs, completion_logprobs
+from minilm_engine.entrypoints.openai.tool_calls import read_tool_calls
 
 
 # OpenAI's service tiers -> the engine's priority (lower first).  "flex" is the batch tier:
@@ -78,6 +79,7 @@ class Prepared:
     continuous_usage: bool  # usage on every chunk too (vLLM's continuous_usage_stats)
     echo: bool = False  # completions: each choice's text starts with its prompt
     tokenizer: object = None  # for the tokens' text in logprobs
+    forced_tool: str | None = None  # chat: "required" or a function's name: the text is read as tool_calls
 
     @property
     def request_ids(self) -> list[str]:
@@ -228,7 +230,7 @@ class OpenAIServing:
         turn_end = () if body.ignore_eos or body.constrained else self.chat_format.default_stop
         requests = self._make(response_id, prompt, body, body.max_new_tokens, turn_end)
         return Prepared(response_id, requests, body.model, body.include_usage, body.continuous_usage,
-                        tokenizer=self.engine.llm.tokenizer)
+                        tokenizer=self.engine.llm.tokenizer, forced_tool=body.forced_tool)
 
     def render(self, messages, template_kwargs: dict | None = None) -> str:
         """Chat messages -> the prompt text (the chat template), or a 400 saying why not."""
@@ -300,7 +302,8 @@ class OpenAIServing:
         answers = await asyncio.gather(*(self.collect(s) for s in streams))
         choices = [
             ChatChoice(
-                index=i, message=ChatResponseMessage(content=a.text), finish_reason=a.finish_reason,
+                index=i, message=_chat_message(a, prepared.forced_tool),
+                finish_reason="tool_calls" if _tool_calls_of(a, prepared.forced_tool) else a.finish_reason,
                 stop_reason=a.stop_reason,
                 logprobs=None if a.logprobs is None else chat_logprobs(
                     a.token_ids, a.logprobs, r.sampling_params.logprobs, prepared.tokenizer),
@@ -438,6 +441,20 @@ def _prompt_logprobs_json(rows: list[PositionLogprobs | None] | None) -> list[di
     return [None if row is None else {
         token_id: {"logprob": max(lp.logprob, -9999.0), "rank": lp.rank, "decoded_token": lp.decoded_token}
         for token_id, lp in row.items()} for row in rows]
+
+
+def _tool_calls_of(answer: Answer, forced_tool: str | None) -> list[dict] | None:
+    """A forced tool call's output, read back as calls (None: no tools, or cut short)."""
+    if forced_tool is None or answer.finish_reason != "stop":
+        return None
+    return read_tool_calls(answer.text, None if forced_tool == "required" else forced_tool)
+
+
+def _chat_message(answer: Answer, forced_tool: str | None) -> ChatResponseMessage:
+    calls = _tool_calls_of(answer, forced_tool)
+    if calls is None:
+        return ChatResponseMessage(content=answer.text)
+    return ChatResponseMessage(content=None, tool_calls=calls)
 
 
 def _param_named_in(message: str, body: _SamplingFields | None = None) -> str | None:
