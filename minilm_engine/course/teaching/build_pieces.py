@@ -642,16 +642,17 @@ def _off_by_more_than_half_a_step(w, deq, bound, scales, want_scales, what: str,
             f"{ref_step} its own {what} needs"
         )
     step, want = scales[n, g].item(), want_scales[n, g].item()
+    label = f"row {n}" if scales.shape[1] == 1 else f"row {n}, group {g}"
     lo, hi, levels = range_of(n, g)
     if step > want * (1 + 1e-3):
         raise BuildFailure(
-            f"{what} {(n, g) if scales.shape[1] > 1 else n}: your scale is {step:.5g}, expected at most {want:.5g} "
+            f"{label}: your scale is {step:.5g}, expected at most {want:.5g} "
             f"(its range [{lo:.4g}, {hi:.4g}] over {levels}): a coarser step than the {what} needs, and "
             f"{came_back}, off by more than half of {ref_step}"
         )
     if step < want * (1 - 1e-3):
         raise BuildFailure(
-            f"{what} {(n, g) if scales.shape[1] > 1 else n}: your scale is {step:.5g}, expected {want:.5g} (its range "
+            f"{label}: your scale is {step:.5g}, expected {want:.5g} (its range "
             f"[{lo:.4g}, {hi:.4g}] over {levels}): with a finer step the extreme weights need codes beyond "
             f"the last one and are clamped: {came_back}"
         )
@@ -701,7 +702,7 @@ def _adapt_int4(fn: Fn) -> Fn:
         lo, hi = groups.amin(-1), groups.amax(-1)
         deq = (codes.float().view(N, G, group_size) * scales[..., None] + offsets[..., None]).view(N, Kp)
         bound = (want_scales[..., None] / 2 * (1 + 1e-3) + 1e-6).expand(N, G, group_size).reshape(N, Kp)
-        _off_by_more_than_half_a_step(wp, deq, bound, scales, want_scales, "group (row, group)",
+        _off_by_more_than_half_a_step(wp, deq, bound, scales, want_scales, "group",
                                       lambda n, g: (lo[n, g].item(), hi[n, g].item(), "the 15 steps of codes 0..15: (max - min) / 15"))
         return codes, scales.to(scale_dtype), offsets.to(scale_dtype)
 
