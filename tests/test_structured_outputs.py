@@ -272,6 +272,18 @@ def test_a_named_tool_choice_returns_a_call_of_that_function(client):
     Order.model_validate_json(call.function.arguments)
 
 
+def test_a_streamed_forced_call_comes_as_delta_tool_calls(client):
+    kwargs = dict(model="noodle-chef", messages=CHAT, tools=TOOLS, temperature=0, max_tokens=60, extra_body=NO_WHITESPACE,
+                  tool_choice={"type": "function", "function": {"name": "order"}})
+    whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls[0]
+    chunks = [c.choices[0] for c in client.chat.completions.create(**kwargs, stream=True) if c.choices]
+    calls = [call for c in chunks for call in c.delta.tool_calls or []]
+    assert chunks[-1].finish_reason == "tool_calls" and {call.index for call in calls} == {0}
+    assert calls[0].function.name == "order" and calls[0].id and calls[0].type == "function"
+    assert "".join(call.function.arguments for call in calls) == whole.function.arguments
+    assert not any(c.delta.content for c in chunks)
+
+
 def test_a_required_tool_choice_returns_calls_of_known_functions(client):
     # parallel_tool_calls=False: one call (the shipped model, free to, keeps adding calls)
     answer = client.chat.completions.create(model="noodle-chef", messages=CHAT, tools=TOOLS, tool_choice="required",
@@ -289,7 +301,6 @@ def test_a_required_tool_choice_returns_calls_of_known_functions(client):
 
 @pytest.mark.parametrize("changes, param, says", [
     ({"tool_choice": {"type": "function", "function": {"name": "dance"}}}, "tool_choice", "'dance', which is not in tools"),
-    ({"tool_choice": "required", "stream": True}, "stream", "streamed tool calls"),
     ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice", "request's grammar"),
     ({"tool_choice": "auto"}, "tools", "needs tool calling"),
 ])
@@ -298,3 +309,15 @@ def test_tool_choices_this_server_cannot_follow_get_a_400(client, changes, param
         client.chat.completions.create(model="noodle-chef", messages=CHAT, tools=TOOLS, max_tokens=5, **changes)
     error = e.value.response.json()["error"]
     assert error["param"] == param and says in error["message"], error
+
+
+def test_a_speculating_server_refuses_a_grammar_with_a_400():
+    llm = LLM("noodle-chef", device="cpu", record_trace=False,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    with ServerThread(llm) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="noodle-chef", messages=CHAT, max_tokens=5,
+                                           extra_body={"structured_outputs": {"choice": ["a", "b"]}})
+    error = e.value.response.json()["error"]
+    assert error["param"] == "structured_outputs" and "speculative decoding" in error["message"], error

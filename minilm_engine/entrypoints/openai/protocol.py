@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
 from minilm_engine.core.sampling_params import SamplingParams, StructuredOutputsParams
 from minilm_engine.entrypoints.openai.tool_calls import forced_call_schema, named_function
@@ -453,8 +453,6 @@ class ChatCompletionRequest(_SamplingFields):
             return "top_logprobs", "top_logprobs needs logprobs: true"
         if self.top_logprobs is not None and self.top_logprobs < 0:
             return "top_logprobs", f"top_logprobs must be >= 0, got {self.top_logprobs}"
-        if self.forced_tool is not None and self.stream:
-            return "stream", "streamed tool calls are not supported by this server yet: ask with stream: false"
         for tools, choice in (("tools", "tool_choice"), ("functions", "function_call")):
             if tools == "tools" and self.forced_tool is not None:
                 continue
@@ -616,9 +614,19 @@ class ChatDelta(BaseModel):
     content: str | None = None
 
 
+class ToolCallDelta(ToolCall):
+    index: int  # which call of the message: its fragments (here one, whole) share it
+
+
+class ChatToolCallsDelta(ChatDelta):
+    """A delta with tool calls: sent only for them, so plain chunks keep OpenAI's exact shape."""
+
+    tool_calls: list[ToolCallDelta]
+
+
 class ChatChunkChoice(BaseModel):
     index: int = 0
-    delta: ChatDelta
+    delta: SerializeAsAny[ChatDelta]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 

@@ -37,9 +37,11 @@ from minilm_engine.entrypoints.openai.protocol import (
     ChatCompletionResponse,
     ChatDelta,
     ChatResponseMessage,
+    ChatToolCallsDelta,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    ToolCallDelta,
     Usage,
     _SamplingFields,
     warn_ignored,
@@ -254,7 +256,8 @@ class OpenAIServing:
             for request_id in prepared.request_ids:
                 self.engine.abort(request_id)
             if isinstance(e, (ValueError, TypeError)):  # e.g. could not fit the KV pool even alone
-                raise APIError(400, str(e), "max_tokens", "invalid_value") from None
+                param = _param_named_in(str(e)) or "max_tokens"  # (or an option speculation refuses)
+                raise APIError(400, str(e), param, "invalid_value") from None
             if isinstance(e, RuntimeError):
                 raise APIError(503, str(e), None, "shutting_down", type="server_error") from None
             raise
@@ -364,9 +367,16 @@ class OpenAIServing:
             )
             return sse(body.model_dump(exclude=None if prepared.continuous_usage else {"usage"}))
 
+        held: dict[int, str] = {}  # forced tool calls: the text, sent as tool_calls once finished
         async for index, delta in merge_streams(streams):
             last[index] = delta
             request = prepared.requests[index]
+            if prepared.forced_tool is not None:
+                held[index] = held.get(index, "") + delta.text
+                if delta.finished:
+                    for line in self._tool_call_chunks(chunk, index, held[index], delta, prepared.forced_tool):
+                        yield line
+                continue
             ids, lps = pending.setdefault(index, ([], []))
             ids += delta.token_ids
             if delta.logprobs is not None:
@@ -387,6 +397,20 @@ class OpenAIServing:
         if prepared.include_usage and last:
             yield _usage_event(ChatCompletionChunk, prepared, last)
         yield sse("[DONE]")
+
+    @staticmethod
+    def _tool_call_chunks(chunk, index: int, text: str, delta: StreamDelta, forced_tool: str):
+        """A finished forced call, streamed: the calls in one delta (each call's arguments whole,
+        one fragment), then the end; text that does not parse (cut short) goes out as content."""
+        answer = Answer(text, delta.finish_reason, delta.stop_reason, delta.num_output_tokens, [], None)
+        calls = _tool_calls_of(answer, forced_tool)
+        if calls is None:
+            yield chunk(index, ChatDelta(role="assistant", content=text))
+            yield chunk(index, ChatDelta(), delta.finish_reason)
+            return
+        tool_calls = [ToolCallDelta(index=k, **call) for k, call in enumerate(calls)]
+        yield chunk(index, ChatToolCallsDelta(role="assistant", tool_calls=tool_calls))
+        yield chunk(index, ChatDelta(), "tool_calls")
 
     @staticmethod
     def _usage_so_far(prepared: Prepared, last: dict[int, StreamDelta]) -> Usage:
