@@ -302,7 +302,7 @@ def test_a_required_tool_choice_returns_calls_of_known_functions(client):
 @pytest.mark.parametrize("changes, param, says", [
     ({"tool_choice": {"type": "function", "function": {"name": "dance"}}}, "tool_choice", "'dance', which is not in tools"),
     ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice", "request's grammar"),
-    ({"tool_choice": "auto"}, "tools", "needs tool calling"),
+    ({"tool_choice": "sometimes"}, "tool_choice", 'tool_choice must be "none", "auto"'),
 ])
 def test_tool_choices_this_server_cannot_follow_get_a_400(client, changes, param, says):
     with pytest.raises(openai.BadRequestError) as e:
@@ -321,3 +321,44 @@ def test_a_speculating_server_refuses_a_grammar_with_a_400():
                                            extra_body={"structured_outputs": {"choice": ["a", "b"]}})
     error = e.value.response.json()["error"]
     assert error["param"] == "structured_outputs" and "speculative decoding" in error["message"], error
+
+
+def test_auto_reads_the_calls_the_model_writes_and_history_replays(client):
+    """tool_choice "auto" (the default with tools): the template shows the tools, and calls the
+    model writes in its format come back as tool_calls; a round trip (the assistant's calls,
+    then the tool's answer) renders, and the plain answer equals the unparsed text."""
+    history = CHAT + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "order", "arguments": '{"dish": "ramen"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"status": "cooking"}'},
+    ]
+    for stream in (False, True):
+        got = client.chat.completions.create(model="noodle-chef", messages=history, tools=TOOLS, temperature=0,
+                                             max_tokens=20, stream=stream)
+        text = "".join(c.choices[0].delta.content or "" for c in got) if stream else got.choices[0].message.content
+        plain = client.chat.completions.create(model="noodle-chef", messages=history, tools=TOOLS, tool_choice="auto",
+                                               temperature=0, max_tokens=20)
+        assert text == plain.choices[0].message.content  # the shipped model writes no calls of its own
+
+
+def test_the_noodle_template_shows_tools_and_renders_calls_and_results():
+    from transformers import AutoTokenizer
+
+    from minilm_engine.entrypoints.chat_template import NOODLE_CHAT_TEMPLATE, ChatFormat, render_chat
+    from minilm_engine.entrypoints.openai.tool_calls import read_tagged_tool_calls
+    from minilm_engine.model.loader import CHECKPOINTS_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(CHECKPOINTS_DIR / "noodle-chef")
+    messages = [{"role": "user", "content": "Ramen!"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": "order", "arguments": {"dish": "ramen"}}}]},
+                {"role": "tool", "content": "cooking"}]
+    prompt = render_chat(tokenizer, ChatFormat(NOODLE_CHAT_TEMPLATE), messages, {"tools": TOOLS[1:]})
+    assert prompt == ('Tool pay: {"type": "object", "properties": {"table": {"type": "integer", "minimum": 1, '
+                      '"maximum": 20}}, "required": ["table"], "additionalProperties": false}\n'
+                      'Ana: Ramen!\nSam: <tool_call>{"name": "order", "arguments": {"dish": "ramen"}}</tool_call>\n'
+                      'Tool: cooking\nSam:')
+    content, (call,) = read_tagged_tool_calls('Sure. <tool_call>{"name": "pay", "arguments": {"table": 4}}</tool_call>')
+    assert content == "Sure." and call["function"] == {"name": "pay", "arguments": '{"table": 4}'}
+    assert read_tagged_tool_calls("no calls here") is None
+    assert read_tagged_tool_calls("<tool_call>{broken</tool_call>") is None

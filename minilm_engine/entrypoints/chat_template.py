@@ -15,6 +15,13 @@ guest, and the waiter's line ends at the newline (`default_stop`):
     user       -> "Ana: I would like one bowl of Miso Ramen.\\n"
     assistant  -> "Sam: So that is one bowl of Miso Ramen for table 4.\\n"
     (prompt)   -> "Sam:"      the model continues the waiter's line
+
+Tool calling uses the Hermes format (Qwen's templates use it too), which
+`entrypoints/openai/tool_calls.py` reads back:
+
+    tools      -> 'Tool order: Order bowls. {"type": "object", ...}\\n' each, after the system line
+    assistant  -> 'Sam: <tool_call>{"name": "order", "arguments": {...}}</tool_call>\\n'  (its calls)
+    tool       -> "Tool: {...}\\n"   (a call's result)
 """
 
 from __future__ import annotations
@@ -30,10 +37,20 @@ WAITER_NAME = "Sam"  # a waiter of the corpus (WAITERS)
 NOODLE_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'system' %}{{ message['content'] | trim }}\n"
-    "{% elif message['role'] == 'user' %}"
+    "{% endif %}"
+    "{% if loop.first %}{% for tool in tools or [] %}"
+    "Tool {{ tool.function.name }}: "
+    "{% if tool.function.description %}{{ tool.function.description | trim }} {% endif %}"
+    "{{ tool.function.parameters | tojson }}\n"
+    "{% endfor %}{% endif %}"
+    "{% if message['role'] == 'user' %}"
     "{{ message.get('name') or '" + GUEST_NAME + "' }}: {{ message['content'] | trim }}\n"
-    "{% else %}"
-    "{{ message.get('name') or '" + WAITER_NAME + "' }}: {{ message['content'] | trim }}\n"
+    "{% elif message['role'] == 'tool' %}Tool: {{ message['content'] | trim }}\n"
+    "{% elif message['role'] != 'system' %}"
+    "{{ message.get('name') or '" + WAITER_NAME + "' }}: {{ message['content'] | trim }}"
+    "{% for call in message.get('tool_calls') or [] %}<tool_call>"
+    "{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}</tool_call>"
+    "{% endfor %}{{ '\\n' }}"  # (a newline right after a tag is dropped: Jinja's trim_blocks)
     "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}" + WAITER_NAME + ":{% endif %}"

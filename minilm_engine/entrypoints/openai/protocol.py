@@ -29,12 +29,14 @@ them: OpenAI's `response_format` ({"type": "json_object"}, or "json_schema" with
 disable_any_whitespace), and vLLM's older `guided_json` / `guided_regex` / `guided_choice` /
 `guided_grammar`.  One grammar per request; errors name the wire field.  Chat `tools` with
 `tool_choice` "required" or a named function are a grammar too (`tool_calls.py`: the output
-is constrained to the call's JSON and returned as `message.tool_calls`); "auto" is refused (no
-tool-call parser for free text yet), "none" answers in words.
+is constrained to the call's JSON and returned as `message.tool_calls`); "auto" lets the model write calls in the template's format (read back if it does), "none"
+answers in words.  `role: "tool"` messages and an assistant's `tool_calls` are rendered by the
+chat template.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -368,10 +370,25 @@ class TextContent(_Lenient):
     text: str
 
 
+class FunctionCallIn(_Lenient):
+    name: str
+    arguments: str | dict[str, Any]  # OpenAI sends JSON text
+
+
+class ToolCallIn(_Lenient):
+    """A call in an assistant message of the history (replayed by a client)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Lenient):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContent] | None = None  # None only for an assistant turn
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     @field_validator("content", mode="before")
     @classmethod
@@ -398,7 +415,24 @@ class ChatMessage(_Lenient):
         message = {"role": role, "content": content}
         if self.name:
             message["name"] = self.name
+        if self.tool_calls:
+            # Templates (Hugging Face's convention) take the arguments as a dict.
+            message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": _as_dict(call.function.arguments)}} for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
+
+
+def _as_dict(arguments: str | dict) -> dict | str:
+    """A call's arguments as a dict when they are JSON text of one (else as they are)."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
 
 
 class FunctionDefinition(_Lenient):
@@ -453,13 +487,28 @@ class ChatCompletionRequest(_SamplingFields):
             return "top_logprobs", "top_logprobs needs logprobs: true"
         if self.top_logprobs is not None and self.top_logprobs < 0:
             return "top_logprobs", f"top_logprobs must be >= 0, got {self.top_logprobs}"
-        for tools, choice in (("tools", "tool_choice"), ("functions", "function_call")):
-            if tools == "tools" and self.forced_tool is not None:
-                continue
-            problem = _no_tools(getattr(self, tools), getattr(self, choice), tools, choice)
-            if problem is not None:
-                return problem
+        if self.tools:  # none, auto, required and a named function are all served
+            if self.tool_choice not in (None, "none", "auto", "required") and named_function(self.tool_choice) is None:
+                return "tool_choice", (f'tool_choice must be "none", "auto", "required" or {{"type": "function", '
+                                       f'"function": {{"name": ...}}}}, got {self.tool_choice!r}')
+        elif self.tool_choice not in (None, "none", "auto"):
+            return "tool_choice", f"tool_choice={self.tool_choice!r} needs tools: the functions the model may call"
+        problem = _no_tools(self.functions, self.function_call, "functions", "function_call")
+        if problem is not None:
+            return problem
         return super().unsupported()
+
+    @property
+    def tool_mode(self) -> str | None:
+        """How the answer is read for tool calls: None (no tools, or tool_choice "none"), "auto"
+        (the model may write calls), "required" or a function's name (a forced call)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return self.forced_tool or "auto"
+
+    def template_tools(self) -> list[dict] | None:
+        """The tools the chat template shows the model (None: tool_choice "none", or none given)."""
+        return None if self.tool_mode is None else [tool.model_dump() for tool in self.tools]
 
     @property
     def forced_tool(self) -> str | None:

@@ -47,7 +47,7 @@ from minilm_engine.entrypoints.openai.protocol import (
     warn_ignored,
 )
 from minilm_engine.entrypoints.openai.logprobs_format import chat_logprobs, completion_logprobs
-from minilm_engine.entrypoints.openai.tool_calls import read_tool_calls
+from minilm_engine.entrypoints.openai.tool_calls import read_tagged_tool_calls, read_tool_calls
 
 
 # OpenAI's service tiers -> the engine's priority (lower first).  "flex" is the batch tier:
@@ -81,7 +81,9 @@ class Prepared:
     continuous_usage: bool  # usage on every chunk too (vLLM's continuous_usage_stats)
     echo: bool = False  # completions: each choice's text starts with its prompt
     tokenizer: object = None  # for the tokens' text in logprobs
-    forced_tool: str | None = None  # chat: "required" or a function's name: the text is read as tool_calls
+    # chat with tools: "auto" (calls read from the text if the model wrote any), "required" or a
+    # function's name (a forced call: the text is the call); None: no tool calls
+    tool_mode: str | None = None
 
     @property
     def request_ids(self) -> list[str]:
@@ -222,7 +224,8 @@ class OpenAIServing:
 
     def prepare_chat(self, body: ChatCompletionRequest) -> Prepared:
         self._check_common(body)
-        prompt = self.render(body.messages, body.chat_template_kwargs)
+        tools = body.template_tools()
+        prompt = self.render(body.messages, {**(body.chat_template_kwargs or {}), **({"tools": tools} if tools else {})})
         response_id = self.engine.new_request_id("chatcmpl")
         # The template's stop strings end the assistant's turn, as an end-of-turn token does in
         # a chat model's generation_config; vLLM's ignore_eos ignores those too (guidellm and
@@ -232,7 +235,7 @@ class OpenAIServing:
         turn_end = () if body.ignore_eos or body.constrained else self.chat_format.default_stop
         requests = self._make(response_id, prompt, body, body.max_new_tokens, turn_end)
         return Prepared(response_id, requests, body.model, body.include_usage, body.continuous_usage,
-                        tokenizer=self.engine.llm.tokenizer, forced_tool=body.forced_tool)
+                        tokenizer=self.engine.llm.tokenizer, tool_mode=body.tool_mode)
 
     def render(self, messages, template_kwargs: dict | None = None) -> str:
         """Chat messages -> the prompt text (the chat template), or a 400 saying why not."""
@@ -303,15 +306,15 @@ class OpenAIServing:
 
     async def chat_response(self, prepared: Prepared, streams: list[RequestStream]) -> dict:
         answers = await asyncio.gather(*(self.collect(s) for s in streams))
+        messages = [_chat_message(a, prepared.tool_mode) for a in answers]
         choices = [
             ChatChoice(
-                index=i, message=_chat_message(a, prepared.forced_tool),
-                finish_reason="tool_calls" if _tool_calls_of(a, prepared.forced_tool) else a.finish_reason,
+                index=i, message=m, finish_reason="tool_calls" if m.tool_calls else a.finish_reason,
                 stop_reason=a.stop_reason,
                 logprobs=None if a.logprobs is None else chat_logprobs(
                     a.token_ids, a.logprobs, r.sampling_params.logprobs, prepared.tokenizer),
             )
-            for i, (r, a) in enumerate(zip(prepared.requests, answers))
+            for i, (r, a, m) in enumerate(zip(prepared.requests, answers, messages))
         ]
         return ChatCompletionResponse(
             id=prepared.response_id, model=prepared.model, choices=choices,
@@ -371,10 +374,10 @@ class OpenAIServing:
         async for index, delta in merge_streams(streams):
             last[index] = delta
             request = prepared.requests[index]
-            if prepared.forced_tool is not None:
+            if prepared.tool_mode is not None:
                 held[index] = held.get(index, "") + delta.text
                 if delta.finished:
-                    for line in self._tool_call_chunks(chunk, index, held[index], delta, prepared.forced_tool):
+                    for line in self._tool_call_chunks(chunk, index, held[index], delta, prepared.tool_mode):
                         yield line
                 continue
             ids, lps = pending.setdefault(index, ([], []))
@@ -399,17 +402,19 @@ class OpenAIServing:
         yield sse("[DONE]")
 
     @staticmethod
-    def _tool_call_chunks(chunk, index: int, text: str, delta: StreamDelta, forced_tool: str):
-        """A finished forced call, streamed: the calls in one delta (each call's arguments whole,
-        one fragment), then the end; text that does not parse (cut short) goes out as content."""
+    def _tool_call_chunks(chunk, index: int, text: str, delta: StreamDelta, tool_mode: str):
+        """A finished answer that may hold tool calls, streamed once done (its text is held back
+        until then): any text first, the calls in one delta (each call's arguments whole, one
+        fragment), then the end."""
         answer = Answer(text, delta.finish_reason, delta.stop_reason, delta.num_output_tokens, [], None)
-        calls = _tool_calls_of(answer, forced_tool)
-        if calls is None:
-            yield chunk(index, ChatDelta(role="assistant", content=text))
+        message = _chat_message(answer, tool_mode)
+        if message.content or not message.tool_calls:
+            yield chunk(index, ChatDelta(role="assistant", content=message.content or ""))
+        if not message.tool_calls:
             yield chunk(index, ChatDelta(), delta.finish_reason)
             return
-        tool_calls = [ToolCallDelta(index=k, **call) for k, call in enumerate(calls)]
-        yield chunk(index, ChatToolCallsDelta(role="assistant", tool_calls=tool_calls))
+        tool_calls = [ToolCallDelta(index=k, **call.model_dump()) for k, call in enumerate(message.tool_calls)]
+        yield chunk(index, ChatToolCallsDelta(role=None if message.content else "assistant", tool_calls=tool_calls))
         yield chunk(index, ChatDelta(), "tool_calls")
 
     @staticmethod
@@ -467,18 +472,22 @@ def _prompt_logprobs_json(rows: list[PositionLogprobs | None] | None) -> list[di
         for token_id, lp in row.items()} for row in rows]
 
 
-def _tool_calls_of(answer: Answer, forced_tool: str | None) -> list[dict] | None:
-    """A forced tool call's output, read back as calls (None: no tools, or cut short)."""
-    if forced_tool is None or answer.finish_reason != "stop":
+def _read_calls(answer: Answer, tool_mode: str | None) -> tuple[str | None, list[dict]] | None:
+    """(the text before the calls, the calls) of a finished answer, or None: no tools, no call
+    written (auto), or cut short."""
+    if tool_mode is None or answer.finish_reason != "stop":
         return None
-    return read_tool_calls(answer.text, None if forced_tool == "required" else forced_tool)
+    if tool_mode == "auto":
+        return read_tagged_tool_calls(answer.text)
+    calls = read_tool_calls(answer.text, None if tool_mode == "required" else tool_mode)
+    return None if calls is None else (None, calls)
 
 
-def _chat_message(answer: Answer, forced_tool: str | None) -> ChatResponseMessage:
-    calls = _tool_calls_of(answer, forced_tool)
-    if calls is None:
+def _chat_message(answer: Answer, tool_mode: str | None) -> ChatResponseMessage:
+    found = _read_calls(answer, tool_mode)
+    if found is None:
         return ChatResponseMessage(content=answer.text)
-    return ChatResponseMessage(content=None, tool_calls=calls)
+    return ChatResponseMessage(content=found[0], tool_calls=found[1])
 
 
 def _param_named_in(message: str, body: _SamplingFields | None = None) -> str | None:

@@ -1,6 +1,8 @@
-"""Tool calls whose choice is forced (`tool_choice` "required" or a named function), as vLLM
-serves them: a JSON schema the output must follow, then its text read back as OpenAI's
-`tool_calls`.
+"""Tool calls, as vLLM serves them.  A forced choice (`tool_choice` "required" or a named
+function) is a JSON schema the output must follow, its text then read back as OpenAI's
+`tool_calls`; with "auto" the model may write calls in the Hermes format the chat template
+shows it (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), read by
+`read_tagged_tool_calls`.
 
 Contract: `forced_call_schema(tools, tool_choice)` returns the schema the output is constrained
 to, or None when the model may answer in words (`tool_choice` "none"); it raises ValueError
@@ -18,6 +20,7 @@ output that follows that schema into `[{"id", "type": "function", "function": {"
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -64,5 +67,30 @@ def read_tool_calls(text: str, named: str | None) -> list[dict] | None:
     except ValueError:
         return None
     calls = [(named, value)] if named is not None else [(call["name"], call["parameters"]) for call in value]
-    return [{"id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": name, "arguments": json.dumps(arguments)}} for name, arguments in calls]
+    return [_call(name, arguments) for name, arguments in calls]
+
+
+TAGGED_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+def read_tagged_tool_calls(text: str) -> tuple[str | None, list[dict]] | None:
+    """"Sure. <tool_call>{"name": "order", "arguments": {...}}</tool_call>" -> ("Sure.", [call]);
+    None when the text holds no call, or one that does not parse (then it is plain text)."""
+    bodies = TAGGED_CALL.findall(text)
+    if not bodies:
+        return None
+    calls = []
+    for body in bodies:
+        try:
+            call = json.loads(body)
+            calls.append(_call(call["name"], call.get("arguments", {})))
+        except (ValueError, KeyError, TypeError):
+            return None
+    return text[: text.index("<tool_call>")].strip() or None, calls
+
+
+def _call(name: str, arguments: Any) -> dict:
+    if not isinstance(name, str):
+        raise TypeError(f"a tool call's name must be a string, got {name!r}")
+    return {"id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)}}
