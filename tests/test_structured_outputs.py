@@ -362,3 +362,30 @@ def test_the_noodle_template_shows_tools_and_renders_calls_and_results():
     assert content == "Sure." and call["function"] == {"name": "pay", "arguments": '{"table": 4}'}
     assert read_tagged_tool_calls("no calls here") is None
     assert read_tagged_tool_calls("<tool_call>{broken</tool_call>") is None
+
+
+def test_the_engines_structured_outputs_config_makes_every_json_compact():
+    """vLLM's --structured-outputs-config '{"disable_any_whitespace": true}': a client that cannot
+    send the per-request option (the SDK's parse(), LangChain) still gets compact JSON."""
+    llm = LLM("noodle-chef", device="cpu", record_trace=False, structured_outputs_config={"disable_any_whitespace": True})
+    with ServerThread(llm) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        answer = client.chat.completions.parse(model="noodle-chef", messages=CHAT, response_format=Order,
+                                               temperature=0, max_tokens=60)
+    assert isinstance(answer.choices[0].message.parsed, Order)
+    assert "\n" not in answer.choices[0].message.content
+    with pytest.raises(ValueError, match="unknown keys"):
+        LLM("noodle-chef", device="cpu", structured_outputs_config={"whitespace": False})
+
+
+def test_the_serve_flag_reaches_the_engine():
+    import argparse
+
+    from minilm_engine.entrypoints.cli.serve import add_engine_arguments, llm_from_args
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    add_engine_arguments(parser)
+    args = parser.parse_args(["noodle-apprentice", "--device", "cpu", "--kv-cache-memory", str(8 << 20),
+                              "--structured-outputs-config", '{"disable_any_whitespace": true}'])
+    assert llm_from_args(args).input_processor.structured_outputs.config.disable_any_whitespace

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from minilm_engine.model.attention.backends import ATTENTION_BACKENDS
 from minilm_engine.core.speculative_config import SpeculativeConfig
 from minilm_engine.core.request_queue import SCHEDULING_POLICIES
+from minilm_engine.core.structured_output import StructuredOutputsConfig
 
 
 @dataclass
@@ -40,6 +41,9 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     max_logprobs: int = 20  # most top tokens a request may ask logprobs of per position (vLLM's)
     max_n: int = 128  # most samples (n) per prompt
+    # Structured outputs (vLLM's --structured-outputs-config): {"disable_any_whitespace": true}
+    # makes every request's JSON compact.  Parsed into a StructuredOutputsConfig.
+    structured_outputs_config: StructuredOutputsConfig | dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_n"):
@@ -62,6 +66,7 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        self.structured_outputs_config = StructuredOutputsConfig.parse(self.structured_outputs_config)
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}"

@@ -18,7 +18,7 @@ import torch
 
 from minilm_engine.core.request import Request
 from minilm_engine.core.sampling_params import SamplingParams
-from minilm_engine.core.structured_output import StructuredOutputManager
+from minilm_engine.core.structured_output import StructuredOutputManager, StructuredOutputsConfig
 
 PromptType = str | dict[str, Any]
 SET_BY_CALLER = "set by the caller"  # a max_model_len_reason: the engine keeps it as it is
@@ -36,6 +36,7 @@ class InputProcessor:
         max_model_len_reason: str | None = SET_BY_CALLER,
         max_logprobs: int = 20,
         max_n: int = 128,
+        structured_outputs_config: StructuredOutputsConfig | None = None,
     ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -48,7 +49,8 @@ class InputProcessor:
         self.seed = seed
         self.max_logprobs = max_logprobs  # vLLM's max_logprobs: most top tokens per position
         self.max_n = max_n  # most samples per prompt
-        self.structured_outputs = StructuredOutputManager(tokenizer, vocab_size, eos_token_ids)
+        self.structured_outputs = StructuredOutputManager(tokenizer, vocab_size, eos_token_ids,
+                                                          structured_outputs_config)
 
     def make_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0

@@ -109,6 +109,7 @@ class LLM:
             self.tokenizer, self.config.vocab_size, self.max_model_len, self.eos_token_ids, self.device, seed,
             max_model_len_reason=None if max_model_len is None else SET_BY_CALLER,
             max_logprobs=engine_config.max_logprobs, max_n=engine_config.max_n,
+            structured_outputs_config=engine_config.structured_outputs_config,
         )
         self.generation_config = read_generation_defaults(self.model_path)
         self._num_requests = 0  # ids "0", "1", ... of requests accepted so far

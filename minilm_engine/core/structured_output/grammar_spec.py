@@ -35,8 +35,9 @@ class GrammarSpec:
     field: str = "json"  # the StructuredOutputsParams field it came from, for error messages
 
     @classmethod
-    def of(cls, params: StructuredOutputsParams) -> GrammarSpec:
-        any_whitespace = not params.disable_any_whitespace
+    def of(cls, params: StructuredOutputsParams, disable_any_whitespace: bool = False) -> GrammarSpec:
+        """`disable_any_whitespace`: the engine's setting, on top of the request's own."""
+        any_whitespace = not (params.disable_any_whitespace or disable_any_whitespace)
         if params.json is not None:
             schema = json.loads(params.json) if isinstance(params.json, str) else params.json
             if not isinstance(schema, dict):

@@ -48,6 +48,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-config", type=json_object, default=None,
                         help='speculative decoding, as vLLM spells it: \'{"model": "noodle-apprentice", '
                              '"num_speculative_tokens": 3}\'')
+    parser.add_argument("--structured-outputs-config", type=json_object, default=None,
+                        help='structured outputs, as vLLM spells it: \'{"disable_any_whitespace": true}\' '
+                             "(compact JSON for every request: a small model may fill JSON with spaces)")
     parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority"],
                         help="fcfs (default: arrival order) or priority (each request's priority, lower "
                              "first; the flex service tier after interactive requests)")
@@ -60,7 +63,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory",
                  "gpu_memory_utilization", "enable_prefix_caching", "enable_chunked_prefill",
                  "attention_backend", "enforce_eager", "speculative_config", "scheduling_policy",
-                 "max_logprobs", "max_n")
+                 "max_logprobs", "max_n", "structured_outputs_config")
 
 
 def llm_from_args(args: argparse.Namespace) -> LLM:
