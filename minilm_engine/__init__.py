@@ -8,7 +8,7 @@
 
 from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.core.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from minilm_engine.core.sampling_params import SamplingParams
+from minilm_engine.core.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "CompletionOutput", "RequestMetrics", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "RequestMetrics", "RequestOutput", "SamplingParams", "StructuredOutputsParams"]
 __version__ = "0.1.0"
