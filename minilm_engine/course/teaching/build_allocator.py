@@ -40,7 +40,7 @@ def _engine_check(registry_name: str, fn: Fn, setup: BuildSetup, alone: str) -> 
     details = [alone]
     for args in (PAGED_ARGS, TIGHT_PAGED_ARGS):
         want = reference_run(setup, args, waves=2)
-        got = _with(registry_name, fn, lambda: run_engine(setup, args, waves=2))
+        got = _with(registry_name, fn, lambda args=args: run_engine(setup, args, waves=2))
         diff = first_schedule_difference(got, want)
         if diff is not None:
             raise BuildFailure(f"with a pool of {args['num_kv_blocks']} blocks, two waves of prompts that share "

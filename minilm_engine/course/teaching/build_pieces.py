@@ -510,7 +510,7 @@ def _check_num_tokens(fn: Fn, setup: BuildSetup) -> list[str]:
         got = _with(
             "scheduler.num_tokens_this_step",
             fn,
-            lambda: run_engine(setup, args, observe=_budget_observer, max_steps=4 * want.num_steps + 20),
+            lambda args=args, want=want: run_engine(setup, args, observe=_budget_observer, max_steps=4 * want.num_steps + 20),
         )
         diff = first_schedule_difference(got, want)
         if diff is not None:
