@@ -282,7 +282,15 @@ def test_break_even_exercise_by_hand_and_its_checker() -> None:
     # $3.60/h at 50% utilization = $7.20 per serving hour; inputs earn 3.6 M * $0.10 = $0.36;
     # ($7.20 - $0.36) / 3.6 M output tokens = $1.90 per million.
     assert break_even_output_price(3.6, 0.5, 1000, 1000, 0.1) == pytest.approx(1.9)
-    assert BREAK_EVEN.check(break_even_output_price).passed
+    nudge = BREAK_EVEN.check(break_even_output_price)  # the package's own: a nudge, not a pass
+    assert not nudge.passed and "package's own" in nudge.message
+
+    def by_hand(gpu_cost_per_hour, utilization, output_tokens_per_s, input_tokens_per_s,
+                input_price_per_mtok):
+        hour_in, hour_out = input_tokens_per_s * 3600 / 1e6, output_tokens_per_s * 3600 / 1e6
+        return (gpu_cost_per_hour / utilization - hour_in * input_price_per_mtok) / hour_out
+
+    assert BREAK_EVEN.check(by_hand).passed
 
     def forgets_utilization(gpu_cost_per_hour, utilization, output_tokens_per_s,
                             input_tokens_per_s, input_price_per_mtok):
@@ -303,7 +311,14 @@ def test_gpus_for_load_exercise_and_its_checker() -> None:
              {"tokens_per_s": 1200, "p99_ttft_s": 3.0}]
     assert gpus_for_load(2000, sweep, 0.5) == 3  # 900 per GPU within 0.5 s: 2.2 -> 3
     assert gpus_for_load(2000, sweep, 0.01) is None
-    assert GPUS_FOR_LOAD.check(gpus_for_load).passed
+    nudge = GPUS_FOR_LOAD.check(gpus_for_load)  # the package's own: a nudge, not a pass
+    assert not nudge.passed and "package's own" in nudge.message
+
+    def by_hand(target_tokens_per_s, sweep, p99_ttft_limit_s):
+        ok = [p["tokens_per_s"] for p in sweep if p["p99_ttft_s"] <= p99_ttft_limit_s]
+        return math.ceil(target_tokens_per_s / max(ok)) if ok else None
+
+    assert GPUS_FOR_LOAD.check(by_hand).passed
 
     def fastest_point(target_tokens_per_s, sweep, p99_ttft_limit_s):
         return math.ceil(target_tokens_per_s / max(p["tokens_per_s"] for p in sweep))

@@ -162,7 +162,16 @@ def test_exercise_answers_agree_with_a_plain_computation():
 
 
 def test_exercise_checker_explains_and_never_crashes():
-    assert tail_and_goodput_exercise.check(engine_tail_and_goodput).passed
+    nudge = tail_and_goodput_exercise.check(engine_tail_and_goodput)  # the package's own: a nudge
+    assert not nudge.passed and "package's own" in nudge.message
+
+    def by_hand(sent, first_token, last_token, num_output_tokens, duration_s, slo_ttft_ms, slo_tpot_ms):
+        ttft_ms = [1000 * (f - s) for s, f in zip(sent, first_token)]
+        good = sum(t <= slo_ttft_ms and (n == 1 or 1000 * (l - f) / (n - 1) <= slo_tpot_ms)
+                   for t, f, l, n in zip(ttft_ms, first_token, last_token, num_output_tokens))
+        return float(np.percentile(ttft_ms, 99)), good / duration_s
+
+    assert tail_and_goodput_exercise.check(by_hand).passed
     for wrong in (lambda **k: "fast", lambda **k: None, lambda **k: (1.0,), lambda **k: 1 / 0,
                   lambda **k: (float(np.mean([f - s for s, f in zip(k["sent"], k["first_token"])])), 0.0)):
         verdict = tail_and_goodput_exercise.check(wrong)
