@@ -29,8 +29,10 @@ def test_the_budget_of_a_known_model_is_its_shape_times_the_pool():
     assert [budget.max_context_len(c) for c in (1, 4, 16, 3000)] == [16_000, 4000, 992, 0]
     text = budget.describe((1, 16))
     for piece in ("4,096 B per token per layer", "x 28 layers = 114,688 B per token", "1,000 blocks x 16 tokens",
-                  "concurrency 16: min(40,960, (1,000 // 16) x 16) = 992 tokens"):
+                  "each of 16 requests at once: min(40,960, (1,000 // 16) x 16) = 992 tokens",
+                  "one request alone: min(40,960, (1,000 // 1) x 16) = 16,000 tokens (the cap on any request)"):
         assert piece in text
+    assert "longer ones still run" in text  # concurrency is how many fit at once, not a cap
 
 
 @given(num_blocks=st.integers(1, 5000), block_size=st.integers(1, 64), concurrency=st.integers(1, 300),
@@ -83,7 +85,7 @@ def test_serve_prints_the_arithmetic_at_startup(monkeypatch, capsys):
     assert main(["serve", "noodle-apprentice", "--device", "cpu", "--num-kv-blocks", "40", "--block-size", "8",
                  "--max-num-seqs", "4"]) == 0
     err = capsys.readouterr().err
-    for piece in ("B per token per layer", "40 blocks x 8 tokens = 320 tokens", "concurrency 4:",
+    for piece in ("B per token per layer", "40 blocks x 8 tokens = 320 tokens", "each of 4 requests at once:",
                   "= 80 tokens", "max_model_len: 320 (derived from the KV cache"):
         assert piece in err
 
@@ -101,4 +103,4 @@ def test_the_engine_runs_all_requests_side_by_side_exactly_up_to_the_limit(num_k
     # Above it the pool runs out: fewer at once, or preempted mid-generation, and more steps.
     assert ((above["most running at once"] < concurrency) | (above["preemptions"] > 0)).all()
     assert above["steps"].min() > within["steps"].max()
-    assert f"concurrency {concurrency}:" in table.attrs["arithmetic"]
+    assert f"each of {concurrency} requests at once:" in table.attrs["arithmetic"]

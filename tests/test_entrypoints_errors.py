@@ -30,7 +30,7 @@ CATALOGUE = [
     ("malformed JSON", "POST", "/v1/completions", b'{"model": "x", "prompt": ', 400, ["not valid JSON"], None),
     ("not UTF-8", "POST", "/v1/completions", b"\xff\xfe{}", 400, ["not valid JSON"], None),
     ("a JSON list", "POST", "/v1/completions", b"[1, 2]", 400, ["JSON object", "list"], None),
-    ("no model", "POST", "/v1/completions", completion(model=...), 400, ["model", "required"], "model"),
+    ("model not a string", "POST", "/v1/completions", completion(model=["a", "b"]), 400, ["model"], "model"),
     ("unknown model", "POST", "/v1/completions", completion(model="gpt-9"), 404, ["gpt-9", "does not exist"], "model"),
     ("no prompt", "POST", "/v1/completions", completion(prompt=...), 400, ["prompt", "required"], "prompt"),
     ("empty prompt", "POST", "/v1/completions", completion(prompt=""), 400, ["empty"], "prompt"),
@@ -200,5 +200,6 @@ def test_a_failing_engine_step_is_a_500_and_the_server_recovers(monkeypatch):
         assert "simulated device failure" in broken.json()["error"]["message"]
         streamed = httpx.post(server.url + "/v1/completions", json={**GOOD, "stream": True}).text
         assert '"engine_error"' in streamed and "simulated device failure" in streamed
+        assert streamed.rstrip().endswith("data: [DONE]")  # the stream still ends as vLLM's does
         assert server.engine.engine.block_pool.num_used_blocks == 0  # the failed requests were aborted
         assert httpx.post(server.url + "/v1/completions", json=GOOD).json()["usage"]["completion_tokens"] == 4

@@ -58,6 +58,43 @@ def test_models_entries_carry_root_parent_and_max_model_len(server):
     assert card["object"] == "model" and isinstance(card["created"], int)
 
 
+def test_one_model_by_its_id_and_a_request_that_names_none(server):
+    card = httpx.get(server.url + f"/v1/models/{MODEL}").json()
+    assert card["id"] == card["root"] == MODEL and card["max_model_len"] == server.engine.max_model_len
+    missing = httpx.get(server.url + "/v1/models/gpt-9")
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+    assert "gpt-9" in missing.json()["error"]["message"]
+    # `model` is optional, as in vLLM: the answer names the server's first served model
+    reply = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+    assert reply.status_code == 200 and reply.json()["model"] == MODEL
+    chat = httpx.post(server.url + "/v1/chat/completions",
+                      json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert chat.status_code == 200 and chat.json()["model"] == MODEL
+
+
+def test_cors_as_vllm_spells_it():
+    parser = build_parser()
+    args = parser.parse_args(["serve", MODEL, "--allowed-origins", '["http://localhost:3000"]',
+                              "--allow-credentials"])
+    assert args.allowed_origins == ["http://localhost:3000"] and args.allow_credentials
+    assert parser.parse_args(["serve", MODEL]).allowed_origins == ["*"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", MODEL, "--allowed-origins", "http://localhost:3000"])  # not JSON
+    from minilm_engine.entrypoints.openai.api_server import CORSOptions
+
+    preflight = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    with ServerThread(LLM(MODEL, device="cpu", record_trace=False), api_key="k",
+                      cors=CORSOptions(allowed_origins=["http://localhost:3000"])) as server:
+        # the preflight carries no key: answered by the CORS layer, not refused with a 401
+        ok = httpx.options(server.url + "/v1/completions", headers=preflight)
+        assert ok.status_code == 200
+        assert ok.headers["access-control-allow-origin"] == "http://localhost:3000"
+        other = httpx.options(server.url + "/v1/completions", headers={**preflight, "Origin": "http://evil.test"})
+        assert "access-control-allow-origin" not in other.headers
+        assert httpx.get(server.url + "/v1/models").status_code == 401  # the key is still required
+
+
 def test_the_served_name_is_the_model_as_given_not_its_folder():
     given = str(CHECKPOINTS_DIR / MODEL)  # a folder path: vLLM serves the string, so do we
     with ServerThread(LLM(given, device="cpu", record_trace=False)) as server:

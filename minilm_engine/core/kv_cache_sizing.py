@@ -153,6 +153,11 @@ class KVCacheBudget:
             f"({self.num_bytes / 2**20:,.1f} MiB); the architecture allows {self.max_position_embeddings:,}",
         ]
         for c in concurrencies:
-            lines.append(f"  largest context at concurrency {c}: min({self.max_position_embeddings:,}, "
-                         f"({self.num_blocks:,} // {c}) x {self.block_size}) = {self.max_context_len(c):,} tokens")
+            # Only the first line is a cap: a paged engine gives one request all the blocks it
+            # needs, so more concurrency means fewer long requests at once, not shorter ones.
+            who, note = ("one request alone", "the cap on any request") if c == 1 else (
+                f"each of {c} requests at once", "longer ones still run, fewer at a time")
+            lines.append(f"  largest context, {who}: min({self.max_position_embeddings:,}, "
+                         f"({self.num_blocks:,} // {c}) x {self.block_size}) = {self.max_context_len(c):,} tokens"
+                         f" ({note})")
         return "\n".join(lines)

@@ -17,7 +17,7 @@ import uvicorn
 from minilm_engine.entrypoints import DEFAULT_HOST
 from minilm_engine.entrypoints.async_engine import AsyncLLMEngine
 from minilm_engine.entrypoints.llm import LLM
-from minilm_engine.entrypoints.openai.api_server import build_app
+from minilm_engine.entrypoints.openai.api_server import CORSOptions, build_app
 from minilm_engine.entrypoints.rate_limit import RateLimiter
 
 
@@ -37,8 +37,9 @@ class ServerThread:
 
     def __init__(self, llm: LLM, host: str = DEFAULT_HOST, port: int | None = None,
                  served_model_names: list[str] | None = None, api_key: str | None = None,
-                 shutdown_timeout: float = 2.0, rate_limiter: RateLimiter | None = None):
-        self.app = build_app(llm, served_model_names, api_key, rate_limiter)
+                 shutdown_timeout: float = 2.0, rate_limiter: RateLimiter | None = None,
+                 cors: CORSOptions | None = None):
+        self.app = build_app(llm, served_model_names, api_key, rate_limiter, cors)
         self.engine: AsyncLLMEngine = self.app.state.engine
         self.host, self.port = host, port or free_port(host)
         config = uvicorn.Config(self.app, host=host, port=self.port, log_level="warning",

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from minilm_engine.bench.cli_types import json_object
+from minilm_engine.bench.cli_types import json_object, json_string_list
 from minilm_engine.model.device import cpu_threads_for
 from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.entrypoints import DEFAULT_HOST
@@ -103,6 +103,14 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     limits.add_argument("--rate-limit-period", type=float, default=60.0, metavar="SECONDS",
                         help="the time the limits count over (default 60: per minute, as their names say; "
                              "a demo shortens it so that a spike of traffic resolves in seconds)")
+    cors = parser.add_argument_group("CORS (browsers calling the API from other origins), as vLLM spells it")
+    cors.add_argument("--allowed-origins", type=json_string_list, default=["*"], metavar="JSON",
+                      help='origins allowed, a JSON list (default ["*"])')
+    cors.add_argument("--allowed-methods", type=json_string_list, default=["*"], metavar="JSON",
+                      help='HTTP methods allowed, a JSON list (default ["*"])')
+    cors.add_argument("--allowed-headers", type=json_string_list, default=["*"], metavar="JSON",
+                      help='request headers allowed, a JSON list (default ["*"])')
+    cors.add_argument("--allow-credentials", action="store_true", help="allow cookies and credentials")
     parser.add_argument("--shutdown-timeout", type=float, default=5.0,
                         help="seconds in-flight requests get to finish on Ctrl-C before they are aborted")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -140,11 +148,12 @@ def run_serve(args: argparse.Namespace) -> int:
     print(engine.kv_budget.describe((1, engine.config.max_num_seqs)), file=sys.stderr)
     print(f"  max_model_len: {llm.max_model_len:,}"
           f" ({llm.input_processor.max_model_len_reason or 'the architecture'})", file=sys.stderr)
-    from minilm_engine.entrypoints.openai.api_server import serve  # FastAPI and uvicorn: the "serve" extra
+    from minilm_engine.entrypoints.openai.api_server import CORSOptions, serve  # FastAPI and uvicorn: the "serve" extra
 
     print(f"[serving on http://{args.host}:{args.port}/v1, Ctrl-C to stop]", file=sys.stderr)
+    cors = CORSOptions(args.allowed_origins, args.allowed_methods, args.allowed_headers, args.allow_credentials)
     serve(llm, args.host, args.port, args.served_model_name, args.api_key, args.shutdown_timeout, args.log_level,
-          limiter)
+          limiter, cors)
     return 0
 
 

@@ -39,8 +39,11 @@ import hmac
 import json
 from contextlib import asynccontextmanager
 
+from dataclasses import dataclass, field
+
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -68,8 +71,18 @@ def model_root(llm: LLM) -> str:
     return llm.model_name if llm.model_name != "None" else llm.model_path.name
 
 
+@dataclass(frozen=True)
+class CORSOptions:
+    """Who may call the API from a browser page of another origin (vLLM's --allowed-* flags)."""
+
+    allowed_origins: list[str] = field(default_factory=lambda: ["*"])
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
+
+
 def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: str | None = None,
-              rate_limiter: RateLimiter | None = None) -> FastAPI:
+              rate_limiter: RateLimiter | None = None, cors: CORSOptions | None = None) -> FastAPI:
     if api_key is not None and rate_limiter is not None and rate_limiter.keys is not None:
         raise ValueError("give api_key or a keys file (rate_limiter.keys), not both")
     root = model_root(llm)
@@ -87,13 +100,17 @@ def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: st
             engine.shutdown()  # aborts what is left: its blocks go back to the pool
 
     app = FastAPI(title="minilm-engine OpenAI-compatible server", lifespan=lifespan)
+    cors = cors or CORSOptions()
+    app.add_middleware(CORSMiddleware, allow_origins=cors.allowed_origins, allow_methods=cors.allowed_methods,
+                       allow_headers=cors.allowed_headers, allow_credentials=cors.allow_credentials)
     app.state.engine, app.state.serving, app.state.metrics = engine, serving, metrics
     app.state.rate_limiter = rate_limiter
     keys_file = rate_limiter is not None and rate_limiter.keys is not None
 
     @app.middleware("http")
     async def check_api_key(request: Request, call_next):
-        if request.url.path != "/health":
+        # A browser's CORS preflight carries no credentials: the CORS layer inside answers it.
+        if request.url.path != "/health" and request.method != "OPTIONS":
             given = request.headers.get("authorization", "")
             if api_key is not None:
                 allowed = hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode())
@@ -133,6 +150,11 @@ def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: st
     async def models():
         return ModelList(data=[ModelCard(id=n, root=root, max_model_len=engine.max_model_len)
                                for n in names]).model_dump()
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):  # a hub id holds a slash: the rest of the path is the id
+        serving.check_model(model_id)
+        return ModelCard(id=model_id, root=root, max_model_len=engine.max_model_len).model_dump()
 
     @app.get("/version")
     async def version():
@@ -233,6 +255,7 @@ async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, 
             except RuntimeError as e:  # the engine step failed: say so in the stream, then end it
                 failed = True
                 yield sse(APIError(500, str(e), None, "engine_error", type="server_error").body())
+                yield sse("[DONE]")  # as vLLM ends a stream after an error event: clients stop reading
             finally:  # finished, or the client left (cancelled here)
                 abort_all()
                 close(failed)
@@ -271,9 +294,9 @@ def _error(e: APIError) -> JSONResponse:
 
 def serve(llm: LLM, host: str = DEFAULT_HOST, port: int = 8000, served_model_names: list[str] | None = None,
           api_key: str | None = None, shutdown_timeout: float = 5.0, log_level: str = "info",
-          rate_limiter: RateLimiter | None = None) -> None:
+          rate_limiter: RateLimiter | None = None, cors: CORSOptions | None = None) -> None:
     """Serve until Ctrl-C: in-flight requests get `shutdown_timeout` s to finish, then are aborted."""
-    app = build_app(llm, served_model_names, api_key, rate_limiter)
+    app = build_app(llm, served_model_names, api_key, rate_limiter, cors)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout)
 
 

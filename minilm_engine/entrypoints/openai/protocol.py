@@ -174,7 +174,7 @@ class StructuredOutputsBody(_Lenient):
 
 
 class _SamplingFields(_Lenient):
-    model: str
+    model: str | None = None  # optional, as in vLLM: the server's first served name
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

@@ -158,6 +158,11 @@ class OpenAIServing:
             raise APIError(404, f"The model `{model}` does not exist; this server serves "
                            f"{self.served_model_names}.", "model", "model_not_found")
 
+    def model_name(self, model: str | None) -> str:
+        """The name an answer carries: the request's, else the first served name (vLLM's rule
+        for a request that names no model)."""
+        return model if model is not None else self.served_model_names[0]
+
     def _check_common(self, body: _SamplingFields) -> None:
         self.check_model(body.model)
         problem = body.unsupported()
@@ -219,7 +224,7 @@ class OpenAIServing:
         # One engine request per prompt, all made (and so all checked) before any is submitted.
         ids = [response_id] if len(prompts) == 1 else [f"{response_id}-{i}" for i in range(len(prompts))]
         requests = [r for rid, prompt in zip(ids, prompts) for r in self._make(rid, prompt, body, body.max_tokens)]
-        return Prepared(response_id, requests, body.model, body.include_usage, body.continuous_usage,
+        return Prepared(response_id, requests, self.model_name(body.model), body.include_usage, body.continuous_usage,
                         echo=body.echo, tokenizer=self.engine.llm.tokenizer)
 
     def prepare_chat(self, body: ChatCompletionRequest) -> Prepared:
@@ -234,7 +239,7 @@ class OpenAIServing:
         # the template's stop strings (a newline in JSON's whitespace): no turn-end stops then.
         turn_end = () if body.ignore_eos or body.constrained else self.chat_format.default_stop
         requests = self._make(response_id, prompt, body, body.max_new_tokens, turn_end)
-        return Prepared(response_id, requests, body.model, body.include_usage, body.continuous_usage,
+        return Prepared(response_id, requests, self.model_name(body.model), body.include_usage, body.continuous_usage,
                         tokenizer=self.engine.llm.tokenizer, tool_mode=body.tool_mode)
 
     def render(self, messages, template_kwargs: dict | None = None) -> str:
