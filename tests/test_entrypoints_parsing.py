@@ -103,6 +103,15 @@ def test_null_means_the_default_everywhere(server):
     no_leak(server)
 
 
+def test_numbers_are_parsed_as_leniently_as_vllm_parses_them(server):
+    plain = post(server, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "temperature": 0, "max_tokens": 6,
+                                             "top_k": 5, "seed": 3, "presence_penalty": 0.5})
+    lenient = post(server, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "temperature": "0", "max_tokens": 6.0,
+                                               "top_k": "5", "seed": "3", "presence_penalty": "0.5"})
+    assert lenient["choices"] == plain["choices"]
+    no_leak(server)
+
+
 def test_neutral_values_of_unimplemented_fields_are_accepted(client, server):
     want = client.completions.create(**BASE).choices[0].text
     got = client.completions.create(**BASE, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, echo=False,

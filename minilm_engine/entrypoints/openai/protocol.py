@@ -1,7 +1,8 @@
 """The OpenAI wire format: pydantic models of the requests we accept and the bodies we return.
 
 Contract, as vLLM parses its requests: a request model that validates carries only values the
-engine can take.  Types are strict ("0.5" is not a temperature, `true` is not a max_tokens), and
+engine can take.  Numbers are parsed as leniently as vLLM parses them ("0.5" is a temperature,
+16.0 a max_tokens), everything else strictly ("yes" is not a bool, 5.5 is not an int), and
 `null` means "the default" for every field, nested ones too.  Three kinds of fields:
 
     implemented      temperature, top_p, top_k, seed, stop, max_tokens, n,    -> SamplingParams
@@ -42,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
@@ -50,6 +51,12 @@ from minilm_engine.core.sampling_params import SamplingParams, StructuredOutputs
 from minilm_engine.entrypoints.openai.tool_calls import forced_call_schema, named_function
 
 logger = logging.getLogger(__name__)
+
+
+# Numbers are parsed as vLLM parses them (pydantic's lax mode): "0.5" is a temperature, 16.0 a
+# max_tokens, true a 1; everything else stays strict ("yes" is not a bool, 5.5 is not an int).
+LaxInt = Annotated[int, Field(strict=False)]
+LaxFloat = Annotated[float, Field(strict=False)]
 
 
 class _Lenient(BaseModel):
@@ -175,28 +182,28 @@ class StructuredOutputsBody(_Lenient):
 
 class _SamplingFields(_Lenient):
     model: str | None = None  # optional, as in vLLM: the server's first served name
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
+    temperature: LaxFloat | None = None
+    top_p: LaxFloat | None = None
+    top_k: LaxInt | None = None
+    seed: LaxInt | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    n: int = 1
+    n: LaxInt = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float | None = None  # None: the checkpoint's generation_config, else 1
-    min_p: float | None = None
-    min_tokens: int = 0
+    presence_penalty: LaxFloat = 0.0
+    frequency_penalty: LaxFloat = 0.0
+    repetition_penalty: LaxFloat | None = None  # None: the checkpoint's generation_config, else 1
+    min_p: LaxFloat | None = None
+    min_tokens: LaxInt = 0
     logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a string) -> bias
-    prompt_logprobs: int | None = None
+    prompt_logprobs: LaxInt | None = None
     include_stop_str_in_output: bool = False
     # Service tiers: vLLM's `priority` (lower first; needs --scheduling-policy priority unless 0)
     # and OpenAI's `service_tier` ("auto", "default", "flex"); serving.py maps them to a priority.
-    priority: int | None = None
+    priority: LaxInt | None = None
     service_tier: str | None = None
     # Known, not implemented: see SAMPLING_NOT_IMPLEMENTED (any type: the check says what is allowed).
     best_of: Any = None
@@ -333,8 +340,8 @@ def _token_id_keys(logit_bias: dict[str, float] | None) -> dict[int, float] | No
 class CompletionRequest(_SamplingFields):
     # One prompt or several: text, token ids, a list of texts, a list of token-id lists.
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int = 16
-    logprobs: int | None = None  # top logprobs per token (the sampled one always included)
+    max_tokens: LaxInt = 16
+    logprobs: LaxInt | None = None  # top logprobs per token (the sampled one always included)
     echo: bool = False  # the prompt before the completion (with its logprobs, if asked)
     suffix: Any = None
 
@@ -461,8 +468,8 @@ def _no_tools(tools: Any, choice: Any, tools_name: str, choice_name: str) -> tup
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: LaxInt | None = None
+    max_completion_tokens: LaxInt | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template, as vLLM's
     tools: list[ToolDefinition] | None = None
     tool_choice: Any = None  # "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
@@ -470,7 +477,7 @@ class ChatCompletionRequest(_SamplingFields):
     functions: Any = None  # OpenAI's older spelling of tools
     function_call: Any = None
     logprobs: bool = False  # the sampled tokens' logprobs (OpenAI's chat shape)
-    top_logprobs: int | None = None  # and the most likely ones at each position (needs logprobs)
+    top_logprobs: LaxInt | None = None  # and the most likely ones at each position (needs logprobs)
     echo: Any = None
     add_generation_prompt: Any = None
     continue_final_message: Any = None
