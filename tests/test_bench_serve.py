@@ -191,6 +191,23 @@ VLLM_LABELS = ["Successful requests:", "Failed requests:", "Maximum request conc
                "Peak output token throughput (tok/s):", "Peak concurrent requests:", "Total Token throughput (tok/s):"]
 
 
+def test_random_defaults_fit_the_served_models_context(server):
+    from minilm_engine.bench.cli import RANDOM_LENS, random_lengths, served_max_model_len
+    from minilm_engine.bench.serve import BenchConfig
+
+    assert random_lengths(None, None, 0.0, None) == RANDOM_LENS  # unknown context: vLLM's defaults
+    assert random_lengths(None, None, 0.0, 100_000) == RANDOM_LENS  # they fit
+    for context, ratio in ((1024, 0.0), (1024, 0.25), (256, 0.5), (40, 0.0)):
+        input_len, output_len = random_lengths(None, None, ratio, context)
+        assert (input_len + output_len) * (1 + ratio) <= context + 1  # the longest draws fit
+        assert 1 <= output_len <= RANDOM_LENS[1] and 1 <= input_len <= RANDOM_LENS[0]
+    assert random_lengths(24, 6, 0.0, 16) == (24, 6)  # given lengths are the caller's
+    assert random_lengths(None, 6, 0.0, 64)[0] == 58 and random_lengths(24, None, 0.0, 64) == (24, 8)
+    config = BenchConfig(base_url=server.url, model="noodle-apprentice")
+    assert served_max_model_len(config) == server.engine.max_model_len
+    assert served_max_model_len(BenchConfig(base_url=server.url, model="other")) is None
+
+
 def test_a_vllm_bench_serve_command_line_runs_unchanged(server, tmp_path, capsys):
     """The flags of `vllm bench serve --backend vllm ...`, its labels, its JSON keys, and an
     initial test plus warm-ups before the timed run."""

@@ -145,9 +145,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     data.add_argument("--dataset-path", default=None, help="the JSONL file of --dataset-name custom")
     data.add_argument("--num-prompts", type=int, default=100)
     data.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=None,
-                      help="prompt tokens (noodle default: a document's first line; random: 1024)")
+                      help="prompt tokens (noodle default: a document's first line; random: 1024, cut to fit "
+                           "the served model's max_model_len from /v1/models)")
     data.add_argument("--output-len", "--random-output-len", "--custom-output-len", dest="output_len", type=int,
-                      default=None, help="max_tokens of each request (default 32; random: 128)")
+                      default=None, help="max_tokens of each request (default 32; random: 128, cut to fit the context)")
     data.add_argument("--range-ratio", "--random-range-ratio", dest="range_ratio", type=float, default=0.0,
                       help="lengths uniform in [L(1-r), L(1+r)]")
     data.add_argument("--tokenizer", default=None, help="to cut prompts to --input-len tokens (default: --model if it loads)")
@@ -219,13 +220,44 @@ def dataset_of(args: argparse.Namespace) -> tuple[str, str | None]:
     return "custom", args.dataset
 
 
-def requests_from_args(args: argparse.Namespace) -> list[BenchRequest]:
+def random_lengths(input_len: int | None, output_len: int | None, range_ratio: float,
+                   max_model_len: int | None) -> tuple[int, int]:
+    """The random dataset's lengths: the ones given, else vLLM's defaults (1024 in, 128 out),
+    cut to fit `max_model_len` (the served model's context, when known) at the longest draw."""
+    want_in, want_out = input_len or RANDOM_LENS[0], output_len or RANDOM_LENS[1]
+    if max_model_len is None or (input_len and output_len):
+        return want_in, want_out
+    room = int(max_model_len / (1 + range_ratio))  # the longest draw of each length still fits
+    if output_len is None:
+        want_out = max(1, min(want_out, room // 8, room - (input_len or 1)))
+    if input_len is None:
+        want_in = max(1, min(want_in, room - want_out))
+    return want_in, want_out
+
+
+def served_max_model_len(config: BenchConfig) -> int | None:
+    """The served model's context from `GET /v1/models` (vLLM's `max_model_len`), or None."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    try:
+        cards = httpx.get(config.base_url.rstrip("/") + "/v1/models", headers=headers, timeout=10).json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    lengths = [c.get("max_model_len") for c in cards if isinstance(c, dict) and c.get("id") == config.model]
+    return lengths[0] if lengths and isinstance(lengths[0], int) else None
+
+
+def requests_from_args(args: argparse.Namespace, max_model_len: int | None = None) -> list[BenchRequest]:
     kind, path = dataset_of(args)
     if kind == "custom":
         return jsonl_requests(path, args.num_prompts, args.output_len or 32, args.range_ratio, args.seed)
     input_len, output_len = args.input_len, args.output_len or 32
     if kind == "random":
-        input_len, output_len = args.input_len or RANDOM_LENS[0], args.output_len or RANDOM_LENS[1]
+        input_len, output_len = random_lengths(args.input_len, args.output_len, args.range_ratio, max_model_len)
+        if (input_len, output_len) != RANDOM_LENS and not (args.input_len and args.output_len):
+            print(f"[random dataset: {input_len} input and {output_len} output tokens, to fit the served "
+                  f"model's max_model_len of {max_model_len}]", file=sys.stderr)
     tokenizer = None
     if input_len:
         tokenizer = _load_tokenizer(args.tokenizer or args.model, args.trust_remote_code)
@@ -285,7 +317,8 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         rates = [_rate(r) for r in args.sweep.split(",")] if args.sweep else None
         metadata = _metadata(args.metadata)
-        requests = requests_from_args(args)
+        random_defaults = dataset_of(args)[0] == "random" and not (args.input_len and args.output_len)
+        requests = requests_from_args(args, served_max_model_len(config) if random_defaults else None)
     except (ValueError, OSError, argparse.ArgumentTypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
