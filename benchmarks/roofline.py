@@ -37,7 +37,7 @@ from minilm_engine.course.experiments.real_shape import default_dtype
 from minilm_engine.course.experiments.roofline import measure_roofline, step_cost, time_steps
 from minilm_engine.course.known_configs import KNOWN_CONFIGS
 from minilm_engine.model.fused_cpu import fuse_for_cpu
-from minilm_engine.model.quantization.kernels import cpu_compiled
+from minilm_engine.model.quantization.kernels import cpu_compiled, cpu_dense
 from minilm_engine.model.quantization.kernels.cpu import CPUKernel
 from minilm_engine.model.quantization.linear import QuantizedLinear
 
@@ -120,6 +120,11 @@ def main() -> None:
                                         "kernel_s": list(kernel.step_s), "torch_s": list(plain.step_s)})
             print(f"{precision:>9} ridge B* = {ridge:.0f} (weights {cost.weight_bytes / 1e6:.0f} MB, "
                   f"{cost.num_matmul_params / 1e6:.0f}M matmul params)")
+            if precision in DTYPES:  # the rows up to which each shape runs the kernel, as measured here
+                crossovers = {f"{n}x{k}": rows for (n, k, dtype, _), rows in cpu_dense.measured_crossovers().items()
+                              if dtype == getattr(torch, DTYPES[precision])}
+                results.setdefault("crossover_rows", {})[precision] = crossovers
+                print(f"{precision:>9} micro-kernel up to rows: " + ", ".join(f"{s} {r}" for s, r in crossovers.items()))
             del models
             gc.collect()
     if args.json:
