@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI: a third virtual environment for clients of `minilm-engine serve` that this project did not
 # write, which tests/test_real_clients.py drives as subprocesses: lm-evaluation-harness (its
-# `local-completions`, `local-chat-completions` and `hf` backends) and guidellm (its openai_http
-# backend).  They pull many dependencies (datasets, evaluate, sacrebleu, pydantic, ...), so they
+# `local-completions`, `local-chat-completions` and `hf` backends), guidellm (its openai_http
+# backend), and the agent frameworks' clients of structured outputs and tool calls (LangChain's
+# `langchain-openai`, LiteLLM).  They pull many dependencies (datasets, evaluate, sacrebleu, pydantic, ...), so they
 # live apart from the engine's venv and cannot change what the engine is tested with.  torch is
 # the CPU wheel of the version the main venv uses, installed first from PyTorch's CPU index with
 # --no-deps (as dev.py does), so lm-eval's `hf` backend does not pull the CUDA build;
@@ -21,7 +22,8 @@ cd "$(dirname "$0")/.."
 VENV="${1:-.venv-clients}"
 TORCH="torch==${MINILM_CLIENTS_TORCH:-2.13.0}"
 TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
-CLIENT_PINS=("lm-eval[api,hf]==0.4.13" "guidellm==0.8.1" "transformers==5.24.0")
+CLIENT_PINS=("lm-eval[api,hf]==0.4.13" "guidellm==0.8.1" "transformers==5.24.0" "langchain-openai==1.8.1"
+             "litellm==1.110.2")
 STAMP="$VENV/.clients-stamp"
 WANTED="$(cat .ci/clients_env.sh | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANTED" ]; then
@@ -39,7 +41,8 @@ fi
 "${PIP[@]}" "$TORCH" "${CLIENT_PINS[@]}"
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
-versions = {name: md.version(name) for name in ("lm_eval", "guidellm", "transformers", "torch")}
+versions = {name: md.version(name) for name in ("lm_eval", "guidellm", "transformers", "torch", "langchain-openai",
+                                                "litellm")}
 print("clients_env:", versions)
 assert versions["lm_eval"] == "0.4.13" and versions["guidellm"] == "0.8.1", versions
 assert "+cu" not in versions["torch"], f"a CUDA torch was installed: {versions['torch']}"

@@ -1,6 +1,6 @@
 """Clients this project did not write, against `minilm-engine serve` run as a user runs it.
 
-lm-evaluation-harness and guidellm live in their own venv (`bash .ci/clients_env.sh`, pinned
+lm-evaluation-harness, guidellm, LangChain and LiteLLM live in their own venv (`bash .ci/clients_env.sh`, pinned
 versions) and run here as subprocesses, exactly as their command lines are documented, on the
 shipped chef served from its folder:
 
@@ -12,7 +12,11 @@ shipped chef served from its folder:
 * guidellm (openai_http backend, chat, streaming, synthetic prompts) completes every request,
   and its TTFT and ITL medians agree with `minilm-engine bench serve` on the same load; both are
   checked against the server's own TTFT, so a TTFT that leaves out the prefill (a role chunk
-  sent before the prompt is processed) fails.
+  sent before the prompt is processed) fails;
+* structured outputs and tool calls as agent frameworks ask for them: LangChain's
+  `with_structured_output` with each of its methods (json_schema, json_mode, function_calling),
+  `bind_tools` and a `ToolMessage` replayed, and LiteLLM with a pydantic `response_format`,
+  each returning a valid object.
 
 Without the venv these tests skip, naming the script; CI sets MINILM_REQUIRE_CLIENTS=1 (in
 .ci/run), which turns that skip into a failure.
@@ -44,7 +48,9 @@ TASKS = ROOT / "tests" / "data" / "lm_eval_tasks"
 CHEF = str(CHECKPOINTS_DIR / "noodle-chef")  # served under this name: lm-eval loads its tokenizer from it
 GENERATE, CHOICE, CHAT = "noodle_receipt_total", "noodle_price_choice", "noodle_chat_price"
 # The clients must not reach a hub (there is none here), and one thread each is plenty.
+# LITELLM_LOCAL_MODEL_COST_MAP: LiteLLM reads its price table from the package, not the network.
 CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+              "LITELLM_LOCAL_MODEL_COST_MAP": "True",
               "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "NO_COLOR": "1"}
 
 
@@ -52,7 +58,7 @@ CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_O
 def clients_bin() -> Path:
     """The clients venv's bin/ (MINILM_CLIENTS_PYTHON, default .venv-clients/bin/python)."""
     python = Path(os.environ.get("MINILM_CLIENTS_PYTHON", ROOT / ".venv-clients" / "bin" / "python"))
-    missing = [name for name in ("python", "lm_eval", "guidellm") if not (python.parent / name).exists()]
+    missing = [name for name in ("python", "lm_eval", "guidellm", "litellm") if not (python.parent / name).exists()]
     if missing:
         reason = (f"the clients venv {python.parent.parent} lacks {missing}: create it with "
                   "`bash .ci/clients_env.sh .venv-clients`")
@@ -74,8 +80,11 @@ def served(tmp_path_factory):
     """`minilm-engine serve <chef folder>` in its own process; yields its base URL."""
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
+    # disable_any_whitespace: agent frameworks cannot send vLLM's per-request option, and the chef,
+    # free to, fills JSON with whitespace until max_tokens (unconstrained requests are unaffected).
     command = [sys.executable, "-m", "minilm_engine", "serve", CHEF, "--served-model-name", CHEF, "noodle-chef",
                "--port", str(port), "--device", "cpu",
+               "--structured-outputs-config", '{"disable_any_whitespace": true}',
                "--log-level", "warning", "--shutdown-timeout", "1"]
     with open(log, "w") as err:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, text=True,
@@ -325,3 +334,84 @@ def test_the_first_chat_chunk_comes_after_the_prefill(served):
     server_ttft, num_requests = mean_between(before, server_latencies(served), "time_to_first_token")
     assert num_requests == 4
     assert sum(times) / len(times) >= server_ttft, (times, server_ttft)
+
+
+# -- structured outputs and tool calls, as agent frameworks ask for them ------------------------
+
+ORDER_MODEL = """
+from typing import Literal
+from pydantic import BaseModel, Field
+
+class Order(BaseModel):
+    \"\"\"An order of noodle bowls.\"\"\"
+    dish: Literal["ramen", "udon", "soba"]
+    spicy: bool
+    bowls: int = Field(ge=1, le=9)
+"""
+
+
+def run_python(clients_bin: Path, code: str, cwd: Path) -> dict:
+    """Run `code` with the clients venv's Python; it prints one JSON object last."""
+    out = run_client([str(clients_bin / "python"), "-c", code], cwd=cwd, timeout=300)
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+
+
+def test_langchain_structured_output_with_each_method(clients_bin, served, tmp_path):
+    code = ORDER_MODEL + f"""
+import json
+from langchain_openai import ChatOpenAI
+
+llm = ChatOpenAI(base_url="{served}/v1", api_key="unused", model="noodle-chef", temperature=0, max_tokens=60,
+                 max_retries=0)
+question = "Two bowls of ramen, not spicy, please. Answer in JSON."
+got = {{}}
+for method in ("json_schema", "function_calling"):
+    got[method] = llm.with_structured_output(Order, method=method).invoke(question).model_dump()
+# json_mode: the output is a JSON object (the schema is the prompt's business, as in OpenAI's API)
+got["json_mode"] = llm.with_structured_output(Order.model_json_schema(), method="json_mode").invoke(question)
+print(json.dumps(got))
+"""
+    got = run_python(clients_bin, code, tmp_path)
+    for method in ("json_schema", "function_calling"):
+        order = got[method]
+        assert order["dish"] in ("ramen", "udon", "soba") and isinstance(order["spicy"], bool), (method, order)
+        assert 1 <= order["bowls"] <= 9, (method, order)
+    assert isinstance(got["json_mode"], dict)
+
+
+def test_langchain_bind_tools_round_trip(clients_bin, served, tmp_path):
+    code = ORDER_MODEL + f"""
+import json
+from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_openai import ChatOpenAI
+
+llm = ChatOpenAI(base_url="{served}/v1", api_key="unused", model="noodle-chef", temperature=0, max_tokens=60,
+                 max_retries=0)
+history = [HumanMessage("Two bowls of ramen, not spicy, please.")]
+called = llm.bind_tools([Order], tool_choice="Order").invoke(history)
+(call,) = called.tool_calls
+history += [called, ToolMessage(content="Order placed: table 7.", tool_call_id=call["id"])]
+reply = llm.bind_tools([Order]).invoke(history)  # the call and its result replayed
+print(json.dumps({{"call": call, "reply": reply.content, "reply_calls": reply.tool_calls}}))
+"""
+    got = run_python(clients_bin, code, tmp_path)
+    assert got["call"]["name"] == "Order" and got["call"]["id"]
+    args = got["call"]["args"]
+    assert args["dish"] in ("ramen", "udon", "soba") and 1 <= args["bowls"] <= 9
+    assert isinstance(got["reply"], str)  # the assistant answered after the tool's result (auto: words)
+
+
+def test_litellm_with_a_pydantic_response_format(clients_bin, served, tmp_path):
+    code = ORDER_MODEL + f"""
+import json
+import litellm
+
+answer = litellm.completion(model="openai/noodle-chef", api_base="{served}/v1", api_key="unused",
+                            messages=[{{"role": "user", "content": "Two bowls of ramen, not spicy, please."}}],
+                            response_format=Order, temperature=0, max_tokens=60)
+print(json.dumps({{"content": answer.choices[0].message.content}}))
+"""
+    content = run_python(clients_bin, code, tmp_path)["content"]
+    order = json.loads(content)
+    assert order["dish"] in ("ramen", "udon", "soba") and isinstance(order["spicy"], bool)
+    assert 1 <= order["bowls"] <= 9
