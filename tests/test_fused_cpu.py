@@ -17,7 +17,9 @@ from minilm_engine.model.device import native_bf16_matmul
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.model.attention.reference import NoKVCache
 from minilm_engine.model.decoder import MLP, Attention
-from minilm_engine.model.fused_cpu import FusedAttention, FusedLinear, FusedMLP, MatVecHead, apply_model_backend
+from minilm_engine.model.fused_cpu import (
+    FusedAttention, FusedLinear, FusedMLP, MatVecHead, apply_model_backend, fuse_for_cpu,
+)
 from minilm_engine.model.quantization.kernels import cpu_compiled, cpu_dense
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -62,13 +64,13 @@ def test_fused_in_bf16_gives_the_readable_bf16_tokens(checkpoint, prompts):
     # With the micro-kernel bf16 runs it below the crossover on every CPU (plain weights);
     # without it the weights are packed for oneDNN, and a CPU whose oneDNN has no bf16 (AVX2
     # only) keeps the readable model, and says so.
-    if cpu_compiled.load() is not None:
+    if native_bf16_matmul():  # oneDNN's packed copy for the projections (see fuse_for_cpu)
+        reference, fused = engines(checkpoint.path, dtype="bfloat16")
+        assert fused.model_backend == "fused" and fused.model.model.layers[0].mlp.gate_up_proj.packed
+    elif cpu_compiled.load() is not None:
         reference, fused = engines(checkpoint.path, dtype="bfloat16")
         proj = fused.model.model.layers[0].mlp.gate_up_proj
         assert fused.model_backend == "fused" and not proj.packed and proj.matmul is not None
-    elif native_bf16_matmul():
-        reference, fused = engines(checkpoint.path, dtype="bfloat16")
-        assert fused.model_backend == "fused" and fused.model.model.layers[0].mlp.gate_up_proj.packed
     else:
         with pytest.warns(UserWarning, match="falls back to the readable model: this CPU has no bf16 support"):
             reference, fused = engines(checkpoint.path, dtype="bfloat16")
@@ -133,8 +135,12 @@ def kernel_rows(llm: LLM) -> list[cpu_dense.DenseMatmul | None]:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_equal_with_the_kernel_on_every_matmul(cpu_microkernel, checkpoint, prompts, dtype):
-    """Crossover forced to 64 rows: every decode step and every prompt here runs the kernel."""
-    reference, fused = engines(checkpoint.path, dtype=dtype)
+    """The kernel on every projection (`microkernel=True`, bf16 too where oneDNN has native bf16)
+    and the crossover forced to 64 rows: every decode step and every prompt here runs it."""
+    args = dict(record_trace=False, kv_cache_memory=8 << 20, dtype=dtype)
+    reference = LLM(checkpoint.path, model_backend="reference", **args)
+    fused = LLM(checkpoint.path, model_backend="reference", **args)
+    fuse_for_cpu(fused.model, microkernel=True)
     matmuls = kernel_rows(fused)
     assert matmuls and all(m is not None for m in matmuls)
     calls = []

@@ -37,8 +37,9 @@ def _seconds(fn) -> float:
 @torch.inference_mode()
 def measure_crossover(micro, weight: torch.Tensor, rows: tuple[int, ...] = CROSSOVER_ROWS) -> int:
     """The most rows (one of `rows`) up to which the micro-kernel was at least as fast as
-    `F.linear` on `weight`'s shape, timed here and now; 0 when torch won at the first count."""
-    best = 0
+    `F.linear` on `weight`'s shape, timed here and now: the last count it won before torch won
+    twice in a row (one loss can be a busy moment); 0 when torch won the first two."""
+    best, losses = 0, 0
     for num_rows in rows:
         x = torch.randn(num_rows, weight.shape[1]).to(weight.dtype)
         def kernel(x=x):
@@ -55,8 +56,11 @@ def measure_crossover(micro, weight: torch.Tensor, rows: tuple[int, ...] = CROSS
             t_kernel = min(t_kernel, _seconds(kernel))
             t_torch = min(t_torch, _seconds(torch_linear))
         if t_kernel > t_torch:
-            break
-        best = num_rows
+            losses += 1
+            if losses == 2:
+                break
+            continue
+        best, losses = num_rows, 0
     return best
 
 
