@@ -167,6 +167,7 @@ def test_above_the_crossover_torch_runs(cpu_microkernel):
 
 
 def test_the_crossover_is_measured_once_per_shape(cpu_microkernel, monkeypatch):
+    monkeypatch.delenv(cpu_dense.CROSSOVER_ENV, raising=False)  # measured, as outside the tests
     monkeypatch.setattr(cpu_dense, "_crossovers", {})
     weight = torch.randn(48, 32)
     rows = cpu_dense.crossover_rows(cpu_microkernel, weight)
@@ -201,3 +202,13 @@ class CountingKernel:
     def dense_mm(self, x, weight, bias):
         self.calls.append(x.shape[0])
         return self.micro.dense_mm(x, weight, bias)
+
+
+def test_a_fixed_crossover_from_the_environment(cpu_microkernel, monkeypatch):
+    weight = torch.randn(24, 16)
+    monkeypatch.setattr(cpu_dense, "measure_crossover", lambda *a: pytest.fail("measured"))
+    monkeypatch.setenv(cpu_dense.CROSSOVER_ENV, "4")
+    assert cpu_dense.crossover_rows(cpu_microkernel, weight) == 4
+    monkeypatch.setenv(cpu_dense.CROSSOVER_ENV, "many")
+    with pytest.raises(ValueError, match="MINILM_DENSE_CROSSOVER_ROWS"):
+        cpu_dense.crossover_rows(cpu_microkernel, weight)

@@ -6,7 +6,9 @@ and weight a plain (N, K) fp32 or bf16 matrix, the only copy (the layout both th
 and torch read).  With `micro` None (no compiled kernel) it is exactly `F.linear`.  The
 crossover is measured the first time a shape is met (`crossover_rows`) and kept per (shape,
 dtype, threads) for the process: timings decide the path, never the results, which agree to
-float rounding either way (fp32 sums in another order).
+float rounding either way (fp32 sums in another order).  `MINILM_DENSE_CROSSOVER_ROWS=R` fixes
+the crossover at R rows instead (the tests set it, so that which path runs, and so the last
+bits of a result, never depend on how busy the machine was).
 
 Why: a decode step multiplies a few rows by every weight, so its floor is one read of the
 weights.  The kernel reads each weight once per call for all rows; torch's fp32 matmul on a
@@ -17,12 +19,14 @@ GEMMs win, so they keep torch.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 import torch.nn.functional as F
 
 CROSSOVER_ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts timed when a shape is first met
+CROSSOVER_ENV = "MINILM_DENSE_CROSSOVER_ROWS"  # a fixed crossover instead of a measured one
 NUM_TIMED_CALLS = 5  # per path and row count, alternated; the fastest of each is compared
 
 _crossovers: dict[tuple[int, int, torch.dtype, int], int] = {}  # (N, K, dtype, threads) -> rows
@@ -65,7 +69,13 @@ def measure_crossover(micro, weight: torch.Tensor, rows: tuple[int, ...] = CROSS
 
 
 def crossover_rows(micro, weight: torch.Tensor) -> int:
-    """`measure_crossover` for this shape, dtype and thread count, measured once per process."""
+    """`measure_crossover` for this shape, dtype and thread count, measured once per process
+    (or `$MINILM_DENSE_CROSSOVER_ROWS`, when set)."""
+    fixed = os.environ.get(CROSSOVER_ENV)
+    if fixed is not None:
+        if not fixed.isdigit():
+            raise ValueError(f"{CROSSOVER_ENV} must be a number of rows (0 or more), got {fixed!r}")
+        return int(fixed)
     key = (weight.shape[0], weight.shape[1], weight.dtype, torch.get_num_threads())
     if key not in _crossovers:
         _crossovers[key] = measure_crossover(micro, weight)
