@@ -56,7 +56,7 @@ def test_tiers_map_to_priorities_and_answers_stay_the_same(servers, monkeypatch)
     ({"service_tier": 1}, "service_tier", "valid string"),
     ({"priority": 1.5}, "priority", "valid integer"),
     ({"priority": "high"}, "priority", "valid integer"),
-    ({"priority": True}, "priority", "valid integer"),
+    ({"priority": [1]}, "priority", "valid integer"),
 ])
 def test_bad_tiers_and_priorities_are_400s_naming_the_field(servers, extra, param, words):
     for server in servers:
