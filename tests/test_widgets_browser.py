@@ -61,7 +61,8 @@ UPDATE_TIMEOUT_MS = 15_000  # one Step click until the redrawn figure is in the 
 SETUP_SOURCE = """\
 import torch
 torch.set_num_threads(1)
-from minilm_engine import LLM, SamplingParams, viz
+from minilm_engine import LLM, SamplingParams
+from minilm_engine.course import viz
 llm = LLM(max_num_seqs=4, num_kv_blocks=64)
 params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 for i, prompt in enumerate(["Order for table 7:", "Hello", "A bowl of noodles, please."]):

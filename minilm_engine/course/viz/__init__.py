@@ -1,7 +1,7 @@
 """Pictures of the continuous engine, static or live: who runs in each step, and where the KV lives.
 
-    from minilm_engine import viz
-    engine = llm.engine                     # LLM(..., strategy="continuous")
+    from minilm_engine.course import viz
+    engine = llm.engine                     # an LLM's engine
     viz.show(viz.BatchView(engine))         # batch slots x engine steps
     viz.show(viz.MemoryView(engine))        # the block pool, and the contiguous alternative
     viz.show(viz.SpecView(engine))          # speculative decoding: drafts accepted / rejected
