@@ -82,6 +82,24 @@ class Roofline:
         return cost.weight_bytes * self.matmul_flops / (2 * cost.num_matmul_params * self.read_bandwidth)
 
 
+@dataclass(frozen=True)
+class Datasheet:
+    """A device's two ceilings as its maker publishes them: what this CPU cannot show, modelled."""
+
+    name: str
+    roofline: Roofline
+    source: str  # document and year, printed beside every modelled number
+
+
+# Dense (no sparsity) 16-bit tensor-core peaks and memory bandwidth, from the makers' datasheets.
+DATASHEETS = {
+    "H100": Datasheet("H100 SXM (bf16)", Roofline(read_bandwidth=3.35e12, matmul_flops=989e12),
+                      "NVIDIA H100 Tensor Core GPU datasheet, 2023"),
+    "T4": Datasheet("T4 (fp16)", Roofline(read_bandwidth=320e9, matmul_flops=65e12),
+                    "NVIDIA T4 Tensor Core GPU datasheet, 2019"),
+}
+
+
 def measure_roofline(num_bytes: int = 1 << 28, matmul_n: int = 2048, device: str | torch.device = "cpu") -> Roofline:
     """Read bandwidth (`measure_read_bandwidth`) and fp32 matmul FLOP/s (an n x n product)."""
     return Roofline(measure_read_bandwidth(num_bytes, device=device), measure_matmul_flops(matmul_n, device=device))
