@@ -55,7 +55,7 @@ def run_step(scheduler: Scheduler, tokens=None) -> SchedulerOutput:
     sampling = [s.request for s in out.scheduled if s.samples_token]
     scheduler.update_from_output(out)
     for request in sampling:
-        request.append_output_token(next(tokens), "")
+        request.append_output_token(next(tokens))
         if request.finished:
             scheduler.finish(request)
     return out
@@ -384,7 +384,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         sampling = [x.request for x in out.scheduled if x.samples_token]
         s.update_from_output(out)
         for r in sampling:
-            r.append_output_token(rng.randrange(VOCAB), "")
+            r.append_output_token(rng.randrange(VOCAB))
             if r.finished:
                 s.finish(r)
         self.num_steps += 1
@@ -502,7 +502,6 @@ def test_a_decode_with_drafts_gets_one_token_per_draft_and_rolls_back_rejections
     assert torch.equal(s.draft.probs, probs[:3])  # ids and probabilities cut together
     assert len(table_ids(scheduler, request)) == cdiv(4 + 4, 2)  # slots for the drafts too
     # The target accepted d1 only and added its own token: 2 tokens appended, 2 drafts rejected.
-    request.incremental_text = False  # no tokenizer here: text is decoded at the end
     update = scheduler.update_from_output(out, [[7, 42]])
     assert update.advanced == [request] and update.finished == []
     assert request.output_token_ids[-2:] == [7, 42]

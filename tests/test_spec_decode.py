@@ -100,7 +100,7 @@ def test_proposer_with_the_target_as_draft_proposes_the_targets_tokens(target, c
     prompt = list(range(5, 16))
     reference = greedy_tokens(target, prompt, 20)
     (request,) = target.make_requests({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
-    request.append_output_token(reference[0], "")  # the target's prefill sampled it
+    request.append_output_token(reference[0])  # the target's prefill sampled it
     request.num_computed_tokens = len(prompt)
     for num_accepted in (0, 2, 4, 1):
         (proposal,) = proposer.propose([request], [4])
@@ -108,7 +108,7 @@ def test_proposer_with_the_target_as_draft_proposes_the_targets_tokens(target, c
         assert proposal.token_ids == reference[n : n + 4] and proposal.probs is None
         # The target accepts `num_accepted` drafts and adds one token of its own.
         for token in reference[n : n + num_accepted + 1]:
-            request.append_output_token(token, "")
+            request.append_output_token(token)
         request.num_computed_tokens = request.num_tokens - 1
         proposer.rollback(request)
         assert proposer.num_computed_tokens[request.request_id] <= request.num_computed_tokens
@@ -124,7 +124,7 @@ def test_sampling_proposals_carry_the_drafts_distributions(target, checkpoints):
     draft = load_model(checkpoints["llama"].path)
     proposer = DraftModelProposer(draft, num_blocks=32, block_size=4, enable_prefix_caching=False)
     (request,) = target.make_requests({"prompt_token_ids": [3, 4, 5]}, SamplingParams(temperature=0.8, top_k=5, seed=1))
-    request.append_output_token(7, "")
+    request.append_output_token(7)
     request.num_computed_tokens = 3
     (proposal,) = proposer.propose([request], [3])
     assert len(proposal.token_ids) == 3 and proposal.probs.shape == (3, draft.config.vocab_size)
@@ -138,9 +138,9 @@ def test_num_drafts_wanted_shrinks_near_the_end(target):
     (request,) = target.make_requests({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=5))
     assert num_drafts_wanted(request, 3) == 3
     for token in (9, 9, 9):
-        request.append_output_token(token, "")
+        request.append_output_token(token)
     assert num_drafts_wanted(request, 3) == 1  # 2 tokens left: 1 draft + the target's token
-    request.append_output_token(9, "")
+    request.append_output_token(9)
     assert num_drafts_wanted(request, 3) == 0
 
 

@@ -1,15 +1,16 @@
-"""A request's state as it moves through a serving strategy, and the rules that finish it.
+"""A request's state as it moves through the engine, and the rules that finish it.
 
-Contract: strategies call `request.append_decoded_token(token_id, tokenizer)` (or
-`append_output_token(token_id, text)` with the text already decoded) after every sampled
-token; the request then decides by itself whether it is done (EOS, a stop token, a stop string,
-`max_tokens`, or the model's context full) and records `finish_reason` and `stop_reason` the
-way vLLM does: "stop" (stop_reason: the stop string or stop token id; None for EOS) or "length".
-Token ids keep the token that stopped it; text drops stop strings (unless
-`include_stop_str_in_output`).  A request that asked for logprobs gets them with each token
-(`append_logprobs`), and its prompt's, chunk by chunk (`append_prompt_logprobs`).  A request
-with structured outputs carries its `grammar` (`core/structured_output/`): each appended token
-advances it, and a terminated grammar stops the request as EOS does (finish_reason "stop").
+Contract: the scheduler calls `request.append_output_token(token_id)` after every sampled token;
+the request then decides by itself whether its ids end it (EOS, a stop token id, `max_tokens`,
+the model's context full) and records `finish_reason` and `stop_reason` the way vLLM does:
+"stop" (stop_reason: the stop token id; None for EOS) or "length".  Nothing here sees a
+tokenizer: `output_text` is written by the output processor (`entrypoints/output_processor.py`),
+which also finds stop strings in it and ends the request with `stop_on_string` (stop_reason: the
+string; token ids keep the token that completed it).  A request that asked for logprobs gets
+them with each token (`append_logprobs`), and its prompt's, chunk by chunk
+(`append_prompt_logprobs`).  A request with structured outputs carries its `grammar`
+(`core/structured_output/`): each appended token advances it, and a terminated grammar stops
+the request as EOS does (finish_reason "stop").
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minilm_engine.core.detokenizer import IncrementalDetokenizer
 from minilm_engine.core.outputs import (
     CompletionOutput,
     Logprob,
@@ -66,17 +66,16 @@ class Request:
     # first, 0 the default; the server's batch tier is a large value).  Ignored under "fcfs".
     priority: int = 0
     output_token_ids: list[int] = field(default_factory=list)
-    output_text: str = ""
+    output_text: str = ""  # written by the output processor; the core only copies it out
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     num_computed_tokens: int = 0  # tokens whose keys/values are in the cache (paged engine)
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
-    detokenizer: IncrementalDetokenizer = field(default_factory=IncrementalDetokenizer, repr=False)
     # Prefix caching: block size -> chained hashes of this request's first full blocks, computed
     # once (`BlockManager.get_computed_blocks` extends the list) and shared by the draft's pool.
     block_hashes: dict[int, list[int]] = field(default_factory=dict, repr=False)
-    # True: output_text follows every token (streaming).  False: decoded once when the request
-    # ends (`LLM.generate`, which returns only finished outputs), unless stop strings need it.
+    # For the output processor: True, output_text follows every token (streaming); False,
+    # decoded once when the request ends (`LLM.generate`), unless stop strings need it.
     incremental_text: bool = True
     index: int = 0  # which of the n samples of its prompt this request is (n > 1)
     # n > 1: the sample whose prompt KV this one reads from the prefix cache; the scheduler
@@ -118,16 +117,16 @@ class Request:
             and source.num_computed_tokens < source.num_prompt_tokens
         )
 
-    def append_logprobs(self, found: TokenLogprobs, tokenizer) -> None:
+    def append_logprobs(self, found: TokenLogprobs) -> None:
         """The logprobs of the token(s) just appended (one row per token)."""
-        for row in _position_dicts(found, tokenizer):
+        for row in _position_dicts(found):
             self.logprobs.append(row)
             self.cumulative_logprob += next(iter(row.values())).logprob
 
-    def append_prompt_logprobs(self, first_position: int, found: TokenLogprobs, tokenizer) -> None:
+    def append_prompt_logprobs(self, first_position: int, found: TokenLogprobs) -> None:
         """The logprobs of prompt tokens first_position, first_position + 1, ...; positions
         already known (a preempted request computes its prompt again) are not added twice."""
-        rows = _position_dicts(found, tokenizer)
+        rows = _position_dicts(found)
         skip = len(self.prompt_logprobs) - first_position
         self.prompt_logprobs.extend(rows[max(skip, 0):])
 
@@ -159,29 +158,21 @@ class Request:
     def finished(self) -> bool:
         return self.status.finished
 
-    def append_output_token(self, token_id: int, text: str) -> None:
-        """Record a sampled token and the decoded text of all outputs so far, then check stops."""
+    def append_output_token(self, token_id: int) -> None:
+        """Record a sampled token, then check whether its id ends the request."""
         self._add_token(token_id)
-        self.output_text = text
         self._check_stop()
         self._stamp_finish()
 
-    def append_decoded_token(self, token_id: int, tokenizer) -> None:
-        """Record a sampled token, extend the text with what it completes, then check stops.
-
-        The text grows incrementally (`core/detokenizer.py`): a token can complete a character begun
-        by the previous one, and stop strings are searched in the text, so they can span tokens.
-        With `incremental_text=False` and no stop strings it is decoded once, at the end.
-        """
-        self._add_token(token_id)
-        if self.incremental_text or self.sampling_params.stop_strings:
-            self.output_text += self.detokenizer.step(tokenizer, self.output_token_ids)
-        self._check_stop()
-        if self.finished and not isinstance(self.stop_reason, str):
-            # Ended by a token or by length: the text is then exactly decode(output tokens),
-            # including the bytes of a character the last tokens left unfinished (and all of
-            # it, when the text was not followed token by token).
-            self.output_text += self.detokenizer.flush(tokenizer, self.output_token_ids)
+    def stop_on_string(self, stop: str, num_output_tokens: int) -> None:
+        """The output processor found `stop` in the text of the first `num_output_tokens` output
+        tokens: the request ends there, and tokens after them (drafts accepted in the same
+        step) are dropped."""
+        del self.output_token_ids[num_output_tokens:]
+        del self._all_token_ids[self.num_prompt_tokens + num_output_tokens :]
+        del self.metrics.token_times[num_output_tokens:]
+        self.num_computed_tokens = min(self.num_computed_tokens, self.num_tokens)
+        self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, stop
         self._stamp_finish()
 
     def _stamp_finish(self) -> None:
@@ -216,14 +207,6 @@ class Request:
         if self.grammar is not None and self.grammar.is_terminated:  # (with ignore_eos)
             self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, None
             return
-        for stop in params.stop_strings:
-            at = self.output_text.find(stop)
-            if at != -1:
-                # The stop string is not returned, unless asked for (and then nothing after it).
-                keep = at + len(stop) if params.include_stop_str_in_output else at
-                self.output_text = self.output_text[:keep]
-                self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, stop
-                return
         if len(self.output_token_ids) >= self.max_new_tokens:
             self.status = RequestStatus.FINISHED_LENGTH
 
@@ -272,15 +255,14 @@ def merge_samples(samples: list[Request], request_id: str) -> RequestOutput:
     )
 
 
-def _position_dicts(found: TokenLogprobs, tokenizer) -> list[PositionLogprobs]:
+def _position_dicts(found: TokenLogprobs) -> list[PositionLogprobs]:
     """vLLM's shape, one dict per position: {chosen id: Logprob(logprob, rank), then the top-k
-    ids: Logprob(logprob, 1..k)}, each with its token decoded on its own."""
+    ids: Logprob(logprob, 1..k)} (the output processor names their tokens)."""
     rows = []
     for ids, values, rank in zip(found.token_ids, found.logprobs, found.ranks):
         row: PositionLogprobs = {}
         for j, (token_id, value) in enumerate(zip(ids, values)):
             if token_id not in row:
-                text = None if tokenizer is None else tokenizer.decode([token_id])
-                row[token_id] = Logprob(value, rank if j == 0 else j, text)
+                row[token_id] = Logprob(value, rank if j == 0 else j)
         rows.append(row)
     return rows

@@ -27,7 +27,8 @@ Data flows one way through an engine step, and the scheduler owns both ends of i
                                                                            │ tokens per request
     release (engine: finish(), the draft's blocks) <── update_from_output(out, sampled) <┘
 
-`update_from_output()` appends each request's sampled tokens (stopping at a stop), sets its
+`update_from_output()` appends each request's sampled tokens (stopping at EOS or a stop token
+id: the scheduler sees ids only, stop strings are the output processor's), sets its
 computed-token count (rolling rejected drafts back) and returns the requests that advanced and
 those that finished; the engine then calls `finish()` for the finished ones.
 
@@ -363,14 +364,14 @@ class Scheduler:
         self,
         out: SchedulerOutput,
         sampled: list[list[int]] | None = None,
-        tokenizer=None,
         logprobs: ModelRunnerOutput | None = None,
     ) -> StepUpdate:
         """The step ran: append its tokens, and its keys/values are in the cache.
 
         `sampled[i]`: the tokens scheduled request i got (none for a prompt chunk; one; or, with
         drafts, the accepted ones and one more).  They are appended in order until the request
-        finishes (tokens after a stop are dropped, accepted or not).  Drafts not appended were
+        finishes by its ids (tokens after EOS or a stop id are dropped, accepted or not; stop
+        strings are the output processor's, which the engine runs next).  Drafts not appended were
         computed for nothing: the computed count falls back before them and blocks past it are
         freed.  Then full blocks join the prefix cache.  `sampled=None`: no tokens this step
         (tests of the scheduler alone append their own).  `logprobs`: the runner's output, whose
@@ -382,15 +383,15 @@ class Scheduler:
             tokens = sampled[i] if sampled is not None else []
             if logprobs is not None and logprobs.prompt_logprobs[i] is not None:
                 found = logprobs.prompt_logprobs[i]
-                r.append_prompt_logprobs(found.first_position, found.logprobs, tokenizer)
+                r.append_prompt_logprobs(found.first_position, found.logprobs)
             num_appended = 0
             for token in tokens:
-                r.append_decoded_token(token, tokenizer)
+                r.append_output_token(token)
                 num_appended += 1
                 if r.finished:
                     break
             if num_appended and logprobs is not None and logprobs.logprobs[i] is not None:
-                r.append_logprobs(logprobs.logprobs[i], tokenizer)
+                r.append_logprobs(logprobs.logprobs[i])
             rejected = len(s.spec_token_ids) - max(num_appended - 1, 0) if tokens else 0
             r.num_computed_tokens += s.num_new_tokens - rejected
             self.block_manager.commit(r.request_id, r.all_token_ids, r.num_computed_tokens)

@@ -10,8 +10,10 @@ once.  Every step is recorded in `engine.trace`.
     step():  propose ──> Scheduler.schedule(drafts) ──> ModelRunner.execute() ──> sampled tokens
              (drafts,      (BlockManager: slots,          (PagedAttention over         │
               if any)       prefix hits, preempt)          the PagedKVCache)           ▼
-             release  <──  Scheduler.update_from_output(out, sampled): append, stop,  ──> outputs
-             (finished)     computed counts, rejected drafts rolled back
+             Scheduler.update_from_output(out, sampled): append ids, stop on EOS / stop ids,
+               computed counts, rejected drafts rolled back
+             ──> OutputProcessor.process: text, stop strings (a match ends the request here)
+             ──> release (finished requests' blocks) ──> outputs
 
 With a `speculative_config`, each step first asks the draft (`worker/spec_decode/proposer.py`) for up
 to K tokens per decoding request; the scheduler gives each such request 1 + k tokens and
@@ -27,6 +29,7 @@ import time
 
 from minilm_engine.model.attention.backends import get_attention_backend
 from minilm_engine.entrypoints.input_processor import InputProcessor, PromptType
+from minilm_engine.entrypoints.output_processor import OutputProcessor
 from minilm_engine.core.kv_cache_manager import BlockManager
 from minilm_engine.core.block_pool import BlockPool
 from minilm_engine.worker.block_table import BlockTable
@@ -87,6 +90,9 @@ class LLMEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.input_processor = input_processor
+        # Text and stop strings, after the scheduler has applied a step's ids (a DisaggRouter
+        # gives its two engines one, so a request's text goes on where the producer left it).
+        self.output_processor = OutputProcessor(tokenizer)
         self.config = config or EngineConfig()
         self.max_model_len = input_processor.max_model_len
         if not self.config.enable_chunked_prefill and self.config.max_num_batched_tokens < self.max_model_len:
@@ -225,6 +231,7 @@ class LLMEngine:
         if request is None or request.finished:
             return
         self._release(request)
+        self.output_processor.free(request_id)
         request.abort()
 
     # -- KV transfer hooks (distributed/kv_transfer/: disaggregated prefill) ---------------
@@ -326,13 +333,15 @@ class LLMEngine:
                 s.request.metrics.first_scheduled_time = now
         output = self.runner.execute(sched)  # 3. execute
         results = output.sampled_token_ids
-        update = self.scheduler.update_from_output(sched, results, self.tokenizer, output)  # 4. update
+        update = self.scheduler.update_from_output(sched, results, output)  # 4. update
         for s, tokens in zip(sched.scheduled, results):
             if s.draft is not None:
                 self._observe_round(s.request, len(s.draft), len(tokens) - 1)
+        for match in self.output_processor.process(update.advanced):  # text, stop strings
+            match.request.stop_on_string(match.stop, match.num_output_tokens)
 
-        finished = []  # 5. release
-        for request in update.finished:
+        finished = []  # 5. release, in step order (stop strings included)
+        for request in (r for r in update.advanced if r.finished):
             self._release(request)
             self.requests.pop(request.request_id, None)
             finished.append(request.request_id)

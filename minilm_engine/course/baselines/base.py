@@ -15,6 +15,7 @@ import torch
 
 from minilm_engine.core.config import EngineConfig
 from minilm_engine.entrypoints.input_processor import InputProcessor
+from minilm_engine.entrypoints.output_processor import OutputProcessor
 from minilm_engine.model import CausalLM
 from minilm_engine.core.request import Request, RequestStatus
 from minilm_engine.worker.sampler import sample_requests
@@ -30,6 +31,7 @@ class Strategy(ABC):
         self.tokenizer = tokenizer
         self.config = config
         self.input_processor = input_processor
+        self.output_processor = OutputProcessor(tokenizer)  # text and stop strings, as the engine's
 
     @abstractmethod
     def steps(self, requests: list[Request]) -> Iterator[list[Request]]:
@@ -44,9 +46,11 @@ class Strategy(ABC):
         logit bias, min-tokens and logprobs as in the engine: `sampler.sample_requests`)."""
         sampled = sample_requests(logits, requests)
         for request, token, logprobs in zip(requests, sampled.token_ids.tolist(), sampled.logprobs):
-            request.append_decoded_token(token, self.tokenizer)
+            request.append_output_token(token)
             if logprobs is not None:
-                request.append_logprobs(logprobs, self.tokenizer)
+                request.append_logprobs(logprobs)
+        for match in self.output_processor.process(requests):
+            match.request.stop_on_string(match.stop, match.num_output_tokens)
 
     @staticmethod
     def mark_running(requests: list[Request]) -> None:

@@ -143,7 +143,7 @@ def engine_prefill_chunks(
         scheduler.update_from_output(out)
         for s in out.scheduled:
             if s.samples_token:
-                s.request.append_output_token(0, "")
+                s.request.append_output_token(0)
         return {s.request.request_id: s.num_new_tokens for s in out.scheduled}
 
     def make(request_id: str, num_tokens: int) -> Request:

@@ -56,6 +56,9 @@ class DisaggRouter:
         self.kv_producer = kv_producer
         self.kv_consumer = kv_consumer
         self.connector = InProcessKVConnector(kv_producer.engine, kv_consumer.engine)
+        # One output processor for both engines: a request's text (its detokenizer's place)
+        # goes on in the consumer where the producer left it.
+        kv_consumer.engine.output_processor = kv_producer.engine.output_processor
         self.pending: deque[Request] = deque()  # prefilled, waiting for the consumer's room
         self.requests: dict[str, Request] = {}  # every live request, by id
 
@@ -102,6 +105,7 @@ class DisaggRouter:
         if request in self.pending:
             self.pending.remove(request)
             self.kv_producer.engine.block_manager.free(request_id)
+            self.kv_producer.engine.output_processor.free(request_id)
             request.abort()
         else:
             self.kv_producer.engine.abort_request(request_id)
