@@ -40,12 +40,12 @@ def test_slot_mapping_is_the_formula_and_refuses_positions_past_the_table():
     table = BlockTable(4, 4, block_size=3)
     table.update("a", 0, [7, 2, 5])
     table.update("b", 0, [1])
-    rows = np.array([0] * 9 + [1] * 3)
-    positions = np.array(list(range(9)) + [0, 1, 2])
+    rows, starts, ends = np.array([0, 1]), np.array([0, 0]), np.array([9, 3])
     expected = slot_mapping([7, 2, 5], 3, 0, 9) + slot_mapping([1], 3, 0, 3)
-    assert table.slot_mapping(rows, positions).tolist() == expected
+    assert table.slot_mapping(rows, starts, ends).tolist() == expected
+    assert table.slot_mapping(np.array([0]), np.array([4]), np.array([6])).tolist() == slot_mapping([7, 2, 5], 3, 4, 6)
     with pytest.raises(ValueError, match="request 'b': position 3 lies past its 1 blocks of 3"):
-        table.slot_mapping(np.array([1]), np.array([3]))
+        table.slot_mapping(np.array([1]), np.array([3]), np.array([4]))
 
 
 @settings(max_examples=60, deadline=None)

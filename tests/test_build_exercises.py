@@ -658,11 +658,11 @@ def test_swap_in_leaves_the_engine_as_it_was():
     from minilm_engine.worker.block_table import BlockTable
 
     table = BlockTable.of([[3], [5, 1]], 4)
-    rows, positions = np.array([0, 0, 1, 1]), np.array([0, 1, 3, 4])
+    rows, starts, ends = np.array([0, 1]), np.array([0, 3]), np.array([2, 5])
     with build.swap_in("slot_mapping", my_slot_mapping):
-        assert table.slot_mapping(rows, positions).tolist() == [12, 13, 23, 4]
-    assert pluggable.num_calls("kv_cache.step_slot_mapping") == 1
-    assert table.slot_mapping(rows, positions).tolist() == [12, 13, 23, 4]  # the package's own again
+        assert table.slot_mapping(rows, starts, ends).tolist() == [12, 13, 23, 4]
+    assert pluggable.num_calls("kv_cache.slot_mapping") == 2  # once per request
+    assert table.slot_mapping(rows, starts, ends).tolist() == [12, 13, 23, 4]  # the package's own again
     with pytest.raises(KeyError, match="no build piece"):
         with build.swap_in("nope", my_slot_mapping):
             pass

@@ -1,8 +1,9 @@
 """The step's block tables, kept between steps (vLLM's worker-side `BlockTable`).
 
 Contract: `BlockTable` holds every scheduled request's table as a row of one array, updated by
-what changed each step, and applies `core.kv_cache_utils.slot_mapping`'s formula to a whole step
-at once.
+what changed each step, and maps a step's token positions to cache slots with
+`core.kv_cache_utils.slot_mapping`, once per scheduled request, on plain lists (the function a
+build exercise replaces).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from minilm_engine.pluggable import replaceable
+from minilm_engine.core.kv_cache_utils import slot_mapping
 
 
 class BlockTable:
@@ -93,23 +94,22 @@ class BlockTable:
         row = self.row_of[request_id]
         return self.block_ids[row, : self.num_blocks[row]].tolist()
 
-    def slot_mapping(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """(N,), (N,) -> (N,): `step_slot_mapping` (below) for this table."""
-        return step_slot_mapping(self, rows, positions)
-
-    def _slot_mapping(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Cache slot of token positions (N,) of the requests in `rows` (N,): the function
-        `slot_mapping` above, for a whole step at once.  Raises if a position lies past its
-        row's blocks (the scheduler allocated too little, or the update was not applied)."""
-        block_index = positions // self.block_size
-        if (block_index >= self.num_blocks[rows]).any():
-            bad = int(np.flatnonzero(block_index >= self.num_blocks[rows])[0])
-            request_id = next(rid for rid, row in self.row_of.items() if row == rows[bad])
-            raise ValueError(
-                f"request {request_id!r}: position {int(positions[bad])} lies past its "
-                f"{int(self.num_blocks[rows[bad]])} blocks of {self.block_size}"
-            )
-        return self.block_ids[rows, block_index] * self.block_size + positions % self.block_size
+    def slot_mapping(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """(S,), (S,), (S,) -> (N,): the cache slots of positions [starts[i], ends[i]) of the
+        request in row rows[i], for i in order.  One call of `kv_cache_utils.slot_mapping` per
+        request, with its table as a list.  Raises if a position lies past its row's blocks (the
+        scheduler allocated too little, or the update was not applied)."""
+        slots: list[int] = []
+        for row, start, end in zip(rows.tolist(), starts.tolist(), ends.tolist()):
+            num_blocks = int(self.num_blocks[row])
+            if end > num_blocks * self.block_size:
+                request_id = next(rid for rid, r in self.row_of.items() if r == row)
+                raise ValueError(
+                    f"request {request_id!r}: position {end - 1} lies past its "
+                    f"{num_blocks} blocks of {self.block_size}"
+                )
+            slots += slot_mapping(self.block_ids[row, :num_blocks].tolist(), self.block_size, start, end)
+        return np.array(slots, dtype=np.int64)
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         """(S, width) the tables of `rows`, `width` the longest of them (cells past a row's
@@ -126,10 +126,3 @@ class BlockTable:
         self.num_blocks = np.concatenate([self.num_blocks, np.zeros(num_rows - old_rows, dtype=np.int64)])
         self._free_rows = list(range(num_rows - 1, old_rows - 1, -1)) + self._free_rows
 
-
-@replaceable("kv_cache.step_slot_mapping")
-def step_slot_mapping(table: BlockTable, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The slots of one step's tokens (`BlockTable.slot_mapping`): a named piece, so that a
-    replacement written for one sequence at a time (`slot_mapping`'s signature) can run in the
-    engine's step (`course/teaching/build_pieces.py` adapts it)."""
-    return table._slot_mapping(rows, positions)

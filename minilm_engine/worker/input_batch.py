@@ -124,7 +124,7 @@ def flatten_chunks(
     # Token i of the step belongs to sequence seq_of[i] and sits at its position start + offset.
     seq_of = np.repeat(np.arange(len(chunks)), num_new)  # (N,)
     positions = starts[seq_of] + np.arange(len(input_ids)) - query_start_loc[seq_of]  # (N,)
-    slots = block_table.slot_mapping(rows[seq_of], positions)  # (N,)
+    slots = block_table.slot_mapping(rows, starts, starts + num_new)  # (N,)
     host = HostMetadata(query_start_loc, starts + num_new, block_table.gather(rows))  # (S + 1,), (S,), (S, W)
 
     buffer = buffer if buffer is not None else InputBuffer(device, size=0)

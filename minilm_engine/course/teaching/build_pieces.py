@@ -118,29 +118,6 @@ _piece(
 PAGED_ARGS = {"block_size": 4, "num_kv_blocks": 64, "max_num_seqs": 5, "max_num_batched_tokens": 256}
 
 
-def _adapt_slot_mapping(fn: Fn) -> Fn:
-    """The learner writes one sequence's slots; the engine's step asks for all its tokens at
-    once (`BlockTable.slot_mapping`): each run of consecutive positions of one row is one call."""
-
-    def step(table, rows, positions):
-        import numpy as np
-
-        slots = np.empty(len(positions), dtype=np.int64)
-        i = 0
-        while i < len(positions):
-            j = i + 1
-            while j < len(positions) and rows[j] == rows[i] and positions[j] == positions[j - 1] + 1:
-                j += 1
-            row = int(rows[i])
-            block_ids = table.block_ids[row, : table.num_blocks[row]].tolist()
-            slots[i:j] = one(block_ids, table.block_size, int(positions[i]), int(positions[j - 1]) + 1)
-            i = j
-        return slots
-
-    one = checked_slot_mapping(fn)
-    return step
-
-
 def checked_slot_mapping(fn: Fn) -> Fn:
     """The learner's one-sequence function, its answers checked (a list of as many ints as positions)."""
 
@@ -164,15 +141,14 @@ def checked_slot_mapping(fn: Fn) -> Fn:
 def _check_slot_mapping(fn: Fn, setup: BuildSetup) -> list[str]:
     alone = check_slot_mapping_alone(checked_slot_mapping(fn))
     want = reference_run(setup, PAGED_ARGS, waves=2)
-    got = _with("kv_cache.step_slot_mapping", fn, lambda: run_engine(setup, PAGED_ARGS, waves=2))
-    return [alone, require_same_tokens(got, want, setup), "the block pool empty after", _calls("kv_cache.step_slot_mapping")]
+    got = _with("kv_cache.slot_mapping", fn, lambda: run_engine(setup, PAGED_ARGS, waves=2))
+    return [alone, require_same_tokens(got, want, setup), "the block pool empty after", _calls("kv_cache.slot_mapping")]
 
 
 _piece(
     name="slot_mapping",
-    registry_name="kv_cache.step_slot_mapping",
+    registry_name="kv_cache.slot_mapping",  # the engine's step calls it once per request
     chapter="03",
-    watched=("kv_cache.slot_mapping",),
     signature=(
         "def slot_mapping(block_table, block_size, start, end) -> list[int]\n"
         "  the cache slot of each token position in [start, end) of a sequence whose blocks are\n"
@@ -182,7 +158,7 @@ _piece(
         "a position first picks its block out of the table (which one-in-a-row of blocks is it?), "
         "then its seat inside that block; the cache never sees positions, only slots."
     ),
-    adapt=_adapt_slot_mapping,
+    adapt=checked_slot_mapping,
     run_check=_check_slot_mapping,
     solutions="03_paged_memory_solutions.ipynb",
 )
