@@ -94,21 +94,13 @@ def test_quantization_benchmark_prints_bytes_and_speed_ratios(tmp_path):
     assert all(c["speedup_vs_fp32"] == 1.0 for c in table["fp32"].values())
 
 
-def test_step_cost_benchmark_reports_every_size(tmp_path):
-    run([sys.executable, "step_cost.py", "--sizes", "4,8", "--steps", "3", "--repeats", "1",
-         "--json", str(tmp_path / "s.json")], ROOT / "benchmarks")
-    sizes = json.loads((tmp_path / "s.json").read_text())["sizes"]
-    assert list(sizes) == ["4", "8"]
-    assert all(s["min_ms"] <= s["median_ms"] <= s["max_ms"] and s["per_request_us"] > 0 for s in sizes.values())
-
-
 def test_step_cost_benchmark_times_the_shipped_chef(tmp_path):
     out = run([sys.executable, "step_cost.py", "--model", "noodle-chef", "--quick", "--json", str(tmp_path / "s.json")],
               ROOT / "benchmarks").stdout
     data = json.loads((tmp_path / "s.json").read_text())
     assert data["model"] == "noodle-chef" and list(data["sizes"]) == ["1", "4"] and "noodle-chef" in out, out
     assert all(s["min_ms"] <= s["median_ms"] <= s["max_ms"] and 0 < s["prepare_ms"] < s["median_ms"]
-               for s in data["sizes"].values())
+               and s["per_request_us"] > 0 for s in data["sizes"].values())
 
 
 def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_floor(tmp_path):

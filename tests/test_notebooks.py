@@ -2,8 +2,8 @@
 stripped of its outputs; and every committed notebook carries the outputs of a full run, with
 figures as PNG, so that it reads on GitHub without running.
 
-The Colab job of .ci/run runs this file again in a venv pinned to Colab's versions with
-COLAB_NOTEBOOK_ID set, so the Colab code path (install cell, anywidget views) executes too.
+The Colab job of .ci/run runs this file's chapters again in a venv pinned to Colab's versions
+with COLAB_NOTEBOOK_ID set, so the Colab code path (install cell, anywidget views) executes too.
 """
 
 from __future__ import annotations
