@@ -30,10 +30,11 @@ Data flows one way through an engine step, and the scheduler owns both ends of i
 `update_from_output()` appends each request's sampled tokens (stopping at EOS or a stop token
 id: the scheduler sees ids only, stop strings are the output processor's), sets its
 computed-token count (rolling rejected drafts back) and returns the requests that advanced and
-those that finished; the engine then calls `finish()` for the finished ones.
+those that finished; the engine then runs the output processor (which may end more of them, on
+a stop string) and calls `finish()` for every finished one.
 
 The output also carries what changed in the block tables, so the runner keeps its own copy
-(`kv_cache.block_table.BlockTable`) without asking the block manager: per scheduled request
+(`worker/block_table.py` `BlockTable`) without asking the block manager: per scheduled request
 the blocks it already has and the new ones after them, and the requests whose tables were
 released since the last step (`freed_request_ids`).
 """
