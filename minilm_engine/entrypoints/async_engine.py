@@ -28,7 +28,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minilm_engine.entrypoints.llm import LLM, _stable_prefix
+from minilm_engine.entrypoints.llm import LLM
+from minilm_engine.entrypoints.output_processor import streamable_len
 from minilm_engine.core.outputs import PositionLogprobs
 from minilm_engine.core.request import Request
 from minilm_engine.core.sampling_params import SamplingParams
@@ -265,7 +266,7 @@ class AsyncLLMEngine:
         finished = final_reason is not None or request.finished
         text = request.output_text
         # Hold back text that may still become a stop string or a multi-byte character.
-        safe = len(text) if finished else _stable_prefix(text, request.sampling_params)
+        safe = len(text) if finished else streamable_len(text, request.sampling_params)
         new_text = text[tracked.num_text_sent:safe] if safe > tracked.num_text_sent else ""
         new_ids = request.output_token_ids[tracked.num_tokens_sent:]
         tracked.num_text_sent = max(tracked.num_text_sent, safe)

@@ -21,6 +21,7 @@ from minilm_engine.core.config import EngineConfig
 from minilm_engine.entrypoints.llm_engine import LLMEngine, check_priority
 from minilm_engine.model.device import resolve_device, resolve_dtype
 from minilm_engine.entrypoints.input_processor import SET_BY_CALLER, InputProcessor, PromptType
+from minilm_engine.entrypoints.output_processor import streamable_len
 from minilm_engine.model import load_model, resolve_model_path
 from minilm_engine.model.loader import DEFAULT_MODEL
 from minilm_engine.model.fused_cpu import apply_model_backend, fused_weight_bytes, resolve_model_backend
@@ -305,7 +306,7 @@ class LLM:
         for _ in self.run_steps([request]):
             text = request.output_text
             # Hold back text that may still become a stop string or a multi-byte character.
-            safe = len(text) if request.finished else _stable_prefix(text, request.sampling_params)
+            safe = len(text) if request.finished else streamable_len(text, request.sampling_params)
             if safe > shown:
                 yield text[shown:safe]
                 shown = safe
@@ -335,16 +336,6 @@ def with_stop_strings(params: SamplingParams, stops: tuple[str, ...]) -> Samplin
 
     merged = params.stop_strings + [s for s in stops if s not in params.stop_strings]
     return replace(params, stop=merged)
-
-
-def _stable_prefix(text: str, params: SamplingParams) -> int:
-    end = len(text.rstrip("\ufffd"))  # an incomplete UTF-8 character decodes as U+FFFD
-    for stop in params.stop_strings:
-        for k in range(min(len(stop) - 1, end), 0, -1):
-            if text[:end].endswith(stop[:k]):
-                end -= k
-                break
-    return end
 
 
 def _progress_bar(total: int, enabled: bool):

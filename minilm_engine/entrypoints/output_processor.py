@@ -2,8 +2,8 @@
 
 Contract: the scheduler appends token ids and ends a request on what ids alone decide (EOS, a
 stop token id, a finished grammar, max_tokens); it never sees a tokenizer.  After every step
-the engine hands `process(requests)` the requests that advanced, and this module, the only one
-holding the tokenizer on the step's path:
+the engine hands `process(requests)` the requests that advanced, and this module, the step's
+only detokenizing code:
 
     1. extends each request's `output_text` with what its new tokens complete
        (`detokenizer.py`, a short window per token), or, for a request that returns only its
@@ -20,6 +20,8 @@ holding the tokenizer on the step's path:
     engine: request.stop_on_string, scheduler.finish  <────────────────────────┘
 
 A request's state here (its detokenizer's offsets) lives until it finishes or `free()` drops it.
+A caller that streams the text shows only `streamable_len(text, params)` of it while the request
+runs: the rest may still become a stop string or a multi-byte character.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 from minilm_engine.core.outputs import PositionLogprobs
 from minilm_engine.core.request import Request, RequestStatus
+from minilm_engine.core.sampling_params import SamplingParams
 from minilm_engine.entrypoints.detokenizer import IncrementalDetokenizer
 
 
@@ -111,3 +114,15 @@ class OutputProcessor:
         for row in rows:
             for token_id, logprob in (row or {}).items():
                 logprob.decoded_token = self.tokenizer.decode([token_id])
+
+
+def streamable_len(text: str, params: SamplingParams) -> int:
+    """How much of a running request's `text` may be streamed: not an unfinished character
+    (decoded as U+FFFD) at its end, nor an end that is the beginning of a stop string."""
+    end = len(text.rstrip("\ufffd"))
+    for stop in params.stop_strings:
+        for k in range(min(len(stop) - 1, end), 0, -1):
+            if text[:end].endswith(stop[:k]):
+                end -= k
+                break
+    return end
