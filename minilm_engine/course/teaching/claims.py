@@ -136,6 +136,12 @@ class Verdict:
         """True, False, or None when this run cannot tell."""
         return {HOLDS: True, FAILS: False}.get(self.status)
 
+    def line(self) -> str:
+        """The verdict on one line, as a chapter prints it: claim | asserted | measured | verdict."""
+        source = f" ({self.claim.source})" if self.claim.source else ""
+        return (f"Claim: {self.claim.text}{source} | asserted: {self.claim.range_text(self.measurement.unit)}"
+                f" | measured: {self.measurement} | verdict: {self.status}")
+
     def __str__(self) -> str:
         source = f" ({self.claim.source})" if self.claim.source else ""
         return (f"Claim: {self.claim.text}{source}\n"
