@@ -55,7 +55,7 @@ def prefill_in_steps_figure(lengths: Sequence[int], measured, config: ModelConfi
         fig.add_scatter(x=grid, y=ys, mode="lines", line=dict(color=color, dash=dash),
                         name=f"modelled: {machine['name']}")
     fig.add_scatter(
-        x=list(lengths), y=[m.value for m in measured], mode="markers+lines", name="measured here (median of rounds, 95% interval)",
+        x=list(lengths), y=[m.value for m in measured], mode="markers+lines", name="measured here (median, 95% interval)",
         marker=dict(size=8, color="black"), line=dict(color="black"),
         error_y=dict(type="data", symmetric=False, array=[m.high - m.value for m in measured],
                      arrayminus=[m.value - m.low for m in measured]),
@@ -63,7 +63,8 @@ def prefill_in_steps_figure(lengths: Sequence[int], measured, config: ModelConfi
     fig.add_hline(y=1, line=dict(color="gray", width=1))
     fig.update_xaxes(type="log", title_text="prompt tokens T (log scale)")
     fig.update_yaxes(type="log", title_text="prefill time / one decode step (log scale)")
-    fig.update_layout(title="A prefill costs one decode step until its FLOPs outgrow the weight read",
+    fig.update_layout(title="A prefill costs one decode step until its FLOPs outgrow the weight read"
+                            f"<br><sub>modelled: the roofline of each machine's ceilings; {gpu['name']}: {gpu['source']}</sub>",
                       height=460, legend=dict(x=0.01, y=0.99, bgcolor="rgba(255,255,255,0.85)"),
                       margin=dict(t=60, b=40, r=20))
     return fig
@@ -89,14 +90,16 @@ def chunk_steps(records, request_suffix: str = "-long"):
 
 
 def chunk_steps_figure(chunks, decode_only_s: float):
-    """Each chunk step's wall time against the keys its chunk attends over, beside the median
-    step that carries only the streams' decode tokens."""
+    """Each full-size chunk step's wall time against the keys its chunk attends over, beside the
+    median step that carries only the streams' decode tokens (the last, shorter chunk is left out:
+    it is cheaper because it is smaller, not because of where it sits)."""
     import plotly.graph_objects as go
 
+    chunks = chunks[chunks.chunk_tokens == chunks.chunk_tokens.max()]
     fig = go.Figure()
     fig.add_scatter(x=chunks.keys_attended, y=1e3 * chunks.duration_s, mode="markers",
                     marker=dict(size=7, color="#636EFA", opacity=0.6),
-                    name="a step: one chunk + the decodes (each round)")
+                    name=f"one {chunks.chunk_tokens.max()}-token chunk + the decodes")
     medians = chunks.groupby("keys_attended").duration_s.median()
     fig.add_scatter(x=medians.index, y=1e3 * medians.values, mode="lines", line=dict(color="#636EFA"),
                     name="median over the rounds")
