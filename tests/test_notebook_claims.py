@@ -109,3 +109,11 @@ def test_printed_verdicts_reads_the_verdict_block() -> None:
     assert not _matches(other, printed)  # same claim, another measurement: a stale record fails
     assert _matches(entry, printed_verdicts("noise\n" + verdict.line() + "\nmore noise"))  # the one-line form
     assert not _matches(other, printed_verdicts(verdict.line()))
+
+
+def test_record_writes_into_this_repository_s_claims_folder() -> None:
+    # A chapter's full run keeps its verdicts where this test and chapter 09 read them (the
+    # course sits three folders down: minilm_engine/course/teaching/claims.py).
+    from minilm_engine.course.teaching.claims import CLAIMS_DIR
+
+    assert CLAIMS_DIR == NOTEBOOKS / "claims"
