@@ -111,3 +111,30 @@ def test_measure_kv_growth_needs_an_idle_engine(checkpoints, prompts) -> None:
         measure_kv_growth(llm, prompts[1], 4)
     with pytest.raises(AttributeError):
         measure_kv_growth(BaselineLLM(checkpoints["llama"].path, strategy="kv_cache"), prompts[1], 4)
+
+
+@pytest.mark.parametrize("num_prompt_tokens", [1, 7])
+def test_attention_key_reads_quadratic_with_the_cache_cubic_without(num_prompt_tokens: int) -> None:
+    from minilm_engine.course.experiments.kv_growth import num_attention_key_reads
+
+    P = num_prompt_tokens
+    causal = lambda T: T * (T + 1) // 2  # noqa: E731 - keys a causal pass over T tokens reads
+    for n in range(1, 25):
+        # With the cache: the prompt's square once, then one query over P+i+1 keys per new token.
+        assert num_attention_key_reads(P, n, cached=True) == causal(P) + sum(P + i + 1 for i in range(1, n))
+        # Without: the whole causal square of every step's sequence.
+        assert num_attention_key_reads(P, n, cached=False) == sum(causal(P + i) for i in range(n))
+    assert num_attention_key_reads(P, 0, cached=True) == 0
+    # Doubling a long generation: about 4x the key reads with the cache, about 8x without.
+    assert 3.5 < num_attention_key_reads(P, 800, True) / num_attention_key_reads(P, 400, True) < 4.1
+    assert 7.0 < num_attention_key_reads(P, 800, False) / num_attention_key_reads(P, 400, False) < 8.1
+
+
+def test_latent_attention_and_sliding_windows() -> None:
+    from minilm_engine.course.experiments.kv_growth import mla_kv_bytes_per_token, sequence_kv_bytes
+
+    # DeepSeek-V3: 61 layers x (512 latent + 64 rope) numbers x 2 bytes
+    assert mla_kv_bytes_per_token(61, 512, 64) == 61 * 576 * 2 == 70_272
+    assert sequence_kv_bytes(100, 10) == 1000
+    assert sequence_kv_bytes(100, 10, sliding_window=4) == 400
+    assert sequence_kv_bytes(100, 3, sliding_window=4) == 300

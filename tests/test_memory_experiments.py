@@ -130,3 +130,21 @@ def test_prefill_chunks_reference_follows_the_scheduler_arithmetic() -> None:
     assert engine_prefill_chunks(900, 6, 64) == [58] * 15 + [30]
     assert engine_prefill_chunks(10, 0, 4) == [4, 4, 2]
     assert engine_prefill_chunks(5, 3, 4) == [1] * 5
+
+
+def test_paged_vs_contiguous_runs_both_layouts_on_one_budget() -> None:
+    prompts = sample_prompts(6, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    runs = memory.paged_vs_contiguous(prompts, params, num_kv_blocks=10, model=MODEL, num_rounds=2)
+    assert set(runs) == {"paged", "contiguous"} and all(len(rs) == 2 for rs in runs.values())
+    paged, contiguous = runs["paged"][0], runs["contiguous"][0]
+    # Contiguous: prompt + 40 slots each (prompts of 6-18 tokens) in 160 slots: 3 at once, never preempted.
+    assert contiguous.max_running == 3 and max(contiguous.running) <= 3
+    assert all(r.num_preemptions == 0 for r in runs["contiguous"])
+    # Paged admits on the prompt's blocks alone: more at once, so the pool runs dry and it preempts.
+    assert max(paged.running) > 3 and paged.num_preemptions >= 1
+    assert paged.num_steps < contiguous.num_steps
+    # Every request made all its tokens under both layouts.
+    assert [len(t) for t in paged.token_ids] == [len(t) for t in contiguous.token_ids] == [40] * 6
+    with pytest.raises(ValueError, match="not even one"):
+        memory.paged_vs_contiguous(prompts, SamplingParams(max_tokens=500), num_kv_blocks=2, model=MODEL)

@@ -142,3 +142,40 @@ def test_figures_build() -> None:
         inject_after_steps=2,
     )
     assert len(prefill.itl_figure([result, result]).data) == 4
+
+
+def test_modelled_prefill_is_flat_to_its_ridge_then_linear() -> None:
+    from minilm_engine.course.experiments import prefill_views
+
+    weight_bytes, bandwidth, flops = 4e8, 2e10, 1e11  # 20 ms to read the weights
+    ridge = prefill_views.prefill_ridge_tokens(CHEF_LIKE, weight_bytes, bandwidth, flops)
+    read_s = weight_bytes / bandwidth
+    at = lambda t: prefill_views.modelled_prefill_s(CHEF_LIKE, t, weight_bytes, bandwidth, flops)  # noqa: E731
+    assert at(1) == at(ridge - 1) == read_s  # below the ridge the read sets the time
+    assert at(ridge) > read_s and prefill.prefill_flops(CHEF_LIKE, ridge, causal=True).total / flops == at(ridge)
+    assert prefill.prefill_flops(CHEF_LIKE, ridge - 1, causal=True).total / flops < read_s
+
+
+def test_chunk_steps_follow_the_prefix_and_the_figures_build() -> None:
+    pytest.importorskip("plotly")
+    from minilm_engine.course.experiments import prefill_views
+    from minilm_engine.course.teaching.claims import Measurement
+
+    llm = LLM(MODEL, max_model_len=256, enable_chunked_prefill=True, max_num_batched_tokens=32,
+              enable_prefix_caching=False)
+    long_ids = prefill.corpus_token_ids(llm.tokenizer, 100, seed=7)
+    result = prefill.long_prompt_interference(llm, sample_prompts(3, seed=1), long_ids, num_stream_tokens=20,
+                                              inject_after_steps=5)
+    chunks = prefill_views.chunk_steps(llm.engine.trace.records)
+    assert chunks.chunk_tokens.tolist() == engine_prefill_chunks(100, 3, 32)
+    assert chunks.keys_attended.tolist() == list(np.cumsum(chunks.chunk_tokens))
+    assert (chunks.num_decode_tokens == 3).all() and (chunks.duration_s > 0).all()
+    assert len(prefill_views.chunk_steps_figure(chunks.assign(round=0), 0.01).data) == 3
+    lengths = [1, 8, 64]
+    measured = [Measurement.from_samples([1.0, 1.1, 0.9], unit="x") for _ in lengths]
+    machine = dict(name="m", weight_bytes=4e8, read_bandwidth=2e10, matmul_flops=1e11, source="a datasheet, 2026")
+    assert len(prefill_views.prefill_in_steps_figure(lengths, measured, CHEF_LIKE, machine, machine).data) == 3
+    sweep = [{"max_num_batched_tokens": b, "p99_itl_s": 0.01 * b, "mean_itl_s": 0.005, "long_ttft_s": 1 / b}
+             for b in (4, 16, 64)]
+    assert len(prefill_views.budget_sweep_figure(sweep, 0.1, 3).data) == 4
+    assert result.num_long_prompt_tokens == 100

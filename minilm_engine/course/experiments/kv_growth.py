@@ -46,6 +46,36 @@ def num_token_passes(num_prompt_tokens: int, num_new_tokens: int, cached: bool) 
     return num_new_tokens * num_prompt_tokens + num_new_tokens * (num_new_tokens - 1) // 2
 
 
+def num_attention_key_reads(num_prompt_tokens: int, num_new_tokens: int, cached: bool) -> int:
+    """Keys the queries read in attention (per layer and head) to generate `num_new_tokens`.
+
+    Causal attention over T tokens reads T(T+1)/2 keys.  With the cache the prompt's square is
+    computed once and each new token's one query reads the P+i keys before it: quadratic in N.
+    Without it every step recomputes the whole square of P+i tokens: cubic.  The cache makes the
+    token passes linear (`num_token_passes`); attention's work it only takes down one power.
+    """
+    if num_new_tokens < 1:
+        return 0
+    P = num_prompt_tokens
+    if cached:
+        return P * (P + 1) // 2 + sum(P + i + 1 for i in range(1, num_new_tokens))
+    return sum((P + i) * (P + i + 1) // 2 for i in range(num_new_tokens))
+
+
+def mla_kv_bytes_per_token(num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, bytes_per_element: int = 2) -> int:
+    """Multi-head latent attention (DeepSeek-V2/V3): each layer caches one compressed latent of
+    `kv_lora_rank` numbers and one decoupled RoPE key of `qk_rope_head_dim`, shared by all heads,
+    instead of a key and a value per KV head."""
+    return num_layers * (kv_lora_rank + qk_rope_head_dim) * bytes_per_element
+
+
+def sequence_kv_bytes(kv_bytes_per_token: int, num_tokens: int, sliding_window: int | None = None) -> int:
+    """KV bytes one sequence holds after `num_tokens` tokens; a sliding-window layer keeps only the
+    last `sliding_window` tokens (a rolling buffer), so its cache stops growing."""
+    held = num_tokens if sliding_window is None else min(num_tokens, sliding_window)
+    return kv_bytes_per_token * held
+
+
 def _greedy(num_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
 

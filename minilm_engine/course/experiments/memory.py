@@ -18,6 +18,7 @@ compared per request, in token slots (one slot = the keys and values of one toke
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,3 +194,63 @@ def prefix_sharing_run(llm: LLM, system_prompt: str, questions: Sequence[str], m
             }
         )
     return pd.DataFrame(rows)
+
+
+# -- the two layouts, run on one workload --------------------------------------------------------
+
+
+@dataclass
+class LayoutRun:
+    """One layout's run of a workload: wall time, engine steps, preemptions, the requests running
+    at each step, and the tokens each request produced (by request index)."""
+
+    layout: str
+    max_running: int
+    seconds: float
+    num_steps: int
+    num_preemptions: int
+    running: list  # num_running per step
+    token_ids: list  # per request, in prompt order
+
+
+def paged_vs_contiguous(prompts: Sequence[str], sampling_params: SamplingParams, num_kv_blocks: int, *,
+                        model: str | Path | None = None, block_size: int = 16, num_rounds: int = 3,
+                        device: str | None = None) -> dict[str, list[LayoutRun]]:
+    """Run `prompts` to completion under each layout on the same KV budget, rounds alternating.
+
+    "paged": the engine as it is: a request is admitted when its prompt's blocks are free, and the
+    pool may run dry later (preemption, recompute).  "contiguous": the same engine admitting a
+    request only when its whole contiguous reservation (prompt + max_tokens, `contiguous_capacity`)
+    fits beside the others', which for these equal reservations means at most that many at once
+    (`max_num_seqs`); that is all a contiguous cache changes about scheduling, and it never needs
+    to preempt.  Both compute with the same paged kernels, so the comparison is the layouts'
+    admission, not two attention implementations.
+    """
+    probe = LLM(model, device=device, num_kv_blocks=num_kv_blocks, block_size=block_size, enable_prefix_caching=False)
+    context = probe.config.max_position_embeddings
+    max_tokens = sampling_params.max_tokens or context
+    reservations = [min(len(probe.tokenizer.encode(p)) + max_tokens, context) for p in prompts]
+    fits = contiguous_capacity(num_kv_blocks * block_size, reservations)
+    if fits == 0:
+        raise ValueError("not even one contiguous reservation fits this budget: give it more blocks")
+    del probe
+    engines = {layout: LLM(model, device=device, num_kv_blocks=num_kv_blocks, block_size=block_size,
+                           max_num_seqs=seqs, enable_prefix_caching=False)
+               for layout, seqs in (("paged", len(prompts)), ("contiguous", fits))}
+    for llm in engines.values():
+        llm.generate(list(prompts[:2]), SamplingParams(max_tokens=4), use_tqdm=False)  # warm up
+    runs: dict[str, list[LayoutRun]] = {layout: [] for layout in engines}
+    for round_index in range(num_rounds):
+        order = list(engines) if round_index % 2 == 0 else list(engines)[::-1]
+        for layout in order:
+            llm = engines[layout]
+            llm.engine.trace.clear()
+            start = time.perf_counter()
+            outputs = llm.generate(list(prompts), sampling_params, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            steps = steps_dataframe(llm.engine.trace)
+            runs[layout].append(LayoutRun(
+                layout=layout, max_running=fits if layout == "contiguous" else len(prompts), seconds=seconds,
+                num_steps=len(steps), num_preemptions=int(steps["num_preempted"].sum()),
+                running=steps["num_running"].tolist(), token_ids=[list(o.outputs[0].token_ids) for o in outputs]))
+    return runs

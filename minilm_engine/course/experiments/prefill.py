@@ -312,17 +312,21 @@ def long_prompt_interference(
 
 
 def itl_figure(results: Sequence[InterferenceResult]):
-    """Inter-token latency of the streaming requests over time, one panel per configuration."""
+    """Inter-token latency of the streaming requests over time, one panel per configuration, every
+    panel with its own x label and the same x and y ranges (so the stalls compare by eye)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(
-        rows=len(results), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+        rows=len(results), cols=1, vertical_spacing=0.2,
         subplot_titles=[
             f"{r.label}: worst gap {1e3 * r.worst_itl_s:.0f} ms = {r.stall_ratio:.1f}x the "
             f"typical {1e3 * r.baseline_itl_s:.0f} ms" for r in results
         ],
     )
+    x_low = min(float((r.itl["time_s"] - r.itl["itl_s"]).min()) for r in results)
+    x_high = max(float(r.itl["time_s"].max()) for r in results)
+    y_high = 1.1e3 * max(float(r.itl["itl_s"].max()) for r in results)
     for row, r in enumerate(results, 1):
         for request_id, group in r.itl.groupby("request_id", sort=False):
             # Each gap is drawn as a segment as long as it lasted, at the height of its length.
@@ -338,13 +342,12 @@ def itl_figure(results: Sequence[InterferenceResult]):
                 row, 1,
             )
         fig.add_vline(x=0, line=dict(color="#CF222E", dash="dash"), row=row, col=1)
-        fig.update_yaxes(title_text="gap (ms)", rangemode="tozero", row=row, col=1)
-    fig.update_xaxes(title_text="seconds after the long prompt arrived (dashed line); each "
-                     "segment is one wait between two tokens",
-                     row=len(results), col=1)
+        fig.update_yaxes(title_text="gap between tokens (ms)", range=[0, y_high], row=row, col=1)
+        fig.update_xaxes(title_text="seconds after the long prompt arrived (red dashed line)",
+                         range=[x_low, x_high], row=row, col=1)
     fig.update_layout(
-        title="Inter-token latency of the streaming requests", height=260 * len(results) + 80,
-        plot_bgcolor="white", margin=dict(l=60, r=20, t=90, b=50),
+        title="Inter-token latency of the streams: each segment is one wait between two tokens, one colour a stream",
+        height=300 * len(results) + 80, plot_bgcolor="white", margin=dict(l=70, r=20, t=90, b=50),
     )
     return fig
 

@@ -136,6 +136,12 @@ class Verdict:
         """True, False, or None when this run cannot tell."""
         return {HOLDS: True, FAILS: False}.get(self.status)
 
+    def line(self) -> str:
+        """The verdict on one line, as a chapter prints it: claim | asserted | measured | verdict."""
+        source = f" ({self.claim.source})" if self.claim.source else ""
+        return (f"Claim: {self.claim.text}{source} | asserted: {self.claim.range_text(self.measurement.unit)}"
+                f" | measured: {self.measurement} | verdict: {self.status}")
+
     def __str__(self) -> str:
         source = f" ({self.claim.source})" if self.claim.source else ""
         return (f"Claim: {self.claim.text}{source}\n"
@@ -210,7 +216,7 @@ def _fmt(x: float | None, unit: str) -> str:
 
 # -- the seed claims, judged in one place ---------------------------------------------------------
 
-CLAIMS_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "claims"
+CLAIMS_DIR = Path(__file__).resolve().parents[3] / "notebooks" / "claims"  # teaching -> course -> minilm_engine -> the repository
 
 
 def record(verdict: Verdict, chapter: str, write: bool = True, folder: Path | None = None,

@@ -95,6 +95,13 @@ def _attention_crossover(model: str, causal: bool) -> float:
     return attention_crossover_tokens(known_config(model), causal)
 
 
+def _matmul_parameters(model: str) -> int:
+    """Chapter 04's P: the weights each prompt token is multiplied by (no embedding, no LM head)."""
+    from minilm_engine.course.experiments.prefill import matmul_parameters
+
+    return matmul_parameters(known_config(model))
+
+
 def _flops(gpu: str, precision: str = "bf16") -> float:
     return GPUS[gpu]["fp8_flops"] if precision == "fp8" else GPUS[gpu]["flops"]
 
@@ -160,7 +167,7 @@ FORMULAS: dict[str, Callable[..., float]] = {
     "crossover_batch": lambda gpu, bytes_per_element=2, precision="bf16": (
         _flops(gpu, precision) / GPUS[gpu]["bandwidth"] * bytes_per_element / 2
     ),
-    "prefill_tflops": lambda model, tokens: 2 * known_config(model).num_parameters() * tokens / 1e12,
+    "prefill_tflops": lambda model, tokens: 2 * _matmul_parameters(model) * tokens / 1e12,
     "quadratic_crossover_tokens": lambda model, causal=True: _attention_crossover(model, causal),
     "matvec_flops_per_byte": lambda bytes_per_element=2: 2 / bytes_per_element,
     "tokens_per_round": lambda alpha, k: (1 - alpha ** (k + 1)) / (1 - alpha),

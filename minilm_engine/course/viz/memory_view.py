@@ -339,10 +339,11 @@ def _waste_title(waste: MemoryWaste, num_requests: int) -> str:
     if num_requests == 0:
         return "KV memory: no running request holds any (add requests, then Step or Run)"
     shared = waste.num_blocks_saved_by_sharing
+    headline = (f"paged {waste.paged_fraction:.1%} wasted, contiguous {waste.contiguous_fraction:.1%} wasted"
+                if shared == 0 else  # the saving is the news: the table entries point at fewer blocks
+                f"{waste.num_table_entries} table entries on {waste.num_held_blocks} blocks: sharing saves {shared}")
     text = (
-        f"KV memory of {num_requests} running request{'s' if num_requests != 1 else ''}: "
-        f"paged {waste.paged_fraction:.1%} wasted,"
-        f" contiguous {waste.contiguous_fraction:.1%} wasted"
+        f"KV memory of {num_requests} running request{'s' if num_requests != 1 else ''}: {headline}"
         f"<br><sub>paged: {waste.num_paged_empty} of {waste.num_paged_slots} slots empty"
         f" · contiguous: {waste.num_contiguous_empty} of {waste.num_contiguous_slots} slots empty"
     )
