@@ -130,19 +130,58 @@ def my_release_blocks(blocks, free_queue):
             free_queue[block.block_id] = block
 
 
+def my_schedule_step(step, pool):
+    """Written differently from the package's step: no admits / AdmissionState, the pool's
+    allocate decides whether the head's blocks are there."""
+    from minilm_engine.core.schedule_step import StepPlan
+
+    plan, running, used = StepPlan(), list(step.running), 0
+    i = 0
+    while i < len(running):
+        r, left = running[i], step.max_num_batched_tokens - used
+        if r.num_remaining_tokens == 1 and r.num_spec_tokens:
+            n = min(1 + r.num_spec_tokens, left)
+        else:
+            n = r.num_remaining_tokens if r.num_remaining_tokens <= left else left * step.enable_chunked_prefill
+        if n == 0:
+            i += 1
+            continue
+        while not pool.allocate(r.request_id, n):
+            victim = running.pop()
+            pool.preempt(victim.request_id)
+            plan.preempted.append(victim.request_id)
+            if victim is r:
+                break
+        if r in running:
+            plan.num_new_tokens[r.request_id] = n
+            used += n
+            i += 1
+    for w in step.waiting:
+        left = step.max_num_batched_tokens - used
+        todo = w.num_remaining_tokens - pool.num_cached_tokens(w.request_id)
+        n = todo if todo <= left else left * step.enable_chunked_prefill
+        if plan.preempted or len(running) == step.max_num_seqs or n == 0 or not pool.allocate(w.request_id, n):
+            break
+        running.append(w)
+        plan.num_new_tokens[w.request_id] = n
+        used += n
+    return plan
+
+
 CORRECT = {
     "append_and_attend": my_append_and_attend,
     "slot_mapping": my_slot_mapping,
     "share_block": my_share_block,
+    "cached_prefix": my_cached_prefix,
+    "take_free_blocks": my_take_free_blocks,
+    "release_blocks": my_release_blocks,
     "preemption_victim": my_victim,
     "admits": my_admits,
+    "schedule_step": my_schedule_step,
     "num_tokens_this_step": my_num_tokens,
     "accept_drafts": my_accept,
     "int8_weight": my_int8,
     "int4_weight": my_int4,
-    "cached_prefix": my_cached_prefix,
-    "take_free_blocks": my_take_free_blocks,
-    "release_blocks": my_release_blocks,
 }
 
 
@@ -166,7 +205,8 @@ def test_the_package_function_gets_a_nudge_not_a_pass(setup):
 
 
 @pytest.mark.parametrize("piece", ["append_and_attend", "num_tokens_this_step", "accept_drafts", "int8_weight",
-                                   "int4_weight", "cached_prefix", "take_free_blocks", "release_blocks"])
+                                   "int4_weight", "cached_prefix", "take_free_blocks", "release_blocks",
+                                   "schedule_step", "admits", "preemption_victim", "share_block"])
 def test_the_package_function_of_each_piece_gets_a_nudge(piece, setup):
     own = pluggable.default(build.get_piece(piece).registry_name)
     assert_fails(build.check(piece, own, setup), "package's own", "write it yourself")
