@@ -722,7 +722,8 @@ def _decode_body(
     block_size, num_queries_per_kv, head_dim,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
 ):
-    # MODE 0: right; 1: the rescale forgotten; 2: zeros stored; 3: query heads strided over K/V heads.
+    # MODE 0: right; 1: the rescale forgotten; 2: zeros stored; 3: query heads strided over K/V heads;
+    # 4: the output never stored; 5: a cached row found with the head's stride instead of the row's.
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     context_len = tl.load(context_lens_ptr + seq)
@@ -744,6 +745,8 @@ def _decode_body(
         mask_n = pos < context_len
         block = tl.load(block_tables_ptr + seq * stride_table_seq + pos // block_size, mask=mask_n, other=0)
         row = block * stride_cache_block + (pos % block_size) * stride_cache_row + kv_head * stride_cache_head
+        if MODE == 5:
+            row = block * stride_cache_block + (pos % block_size) * stride_cache_head + kv_head * stride_cache_head
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         v = tl.load(v_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(tl.float32)
@@ -761,7 +764,8 @@ def _decode_body(
     if MODE == 2:
         out = out * 0.0
     offset = seq * stride_out_token + heads[:, None] * stride_out_head + dims[None, :]
-    tl.store(out_ptr + offset, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    if MODE != 4:
+        tl.store(out_ptr + offset, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
 @triton.jit
@@ -820,6 +824,34 @@ def strided_heads_decode_kernel(
                  block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, 3)
 
 
+@triton.jit
+def never_stored_decode_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+    stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+    stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+    block_size, num_queries_per_kv, head_dim,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    _decode_body(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+                 stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+                 stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, 4)
+
+
+@triton.jit
+def wrong_stride_decode_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+    stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+    stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+    block_size, num_queries_per_kv, head_dim,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    _decode_body(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+                 stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+                 stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, 5)
+
+
 @pytest.fixture(scope="module")
 def interpreted():
     from minilm_engine.model.attention.triton_paged_prefill import is_interpreted
@@ -854,11 +886,14 @@ def test_decode_kernel_alone_on_a_random_paged_batch(interpreted):
         ("no_rescale", ["fit in one key tile", "must be rescaled by exp(m_old - m_new)"]),
         ("zeros", ["output is all zeros"]),  # the first tokens of a request used to come out right
         ("strided_heads", ["query head 1 read K/V head 1; with 4 query heads per K/V head it should read head 0"]),
+        ("never_stored", ["never wrote its output"]),
+        ("wrong_stride", ["read cache rows outside its sequence's context", "a wrong stride"]),
     ],
 )
 def test_decode_kernel_usual_mistakes_are_named(kernel, phrases, kernel_setup, interpreted):
     fn = {"no_rescale": no_rescale_decode_kernel, "zeros": zeros_decode_kernel,
-          "strided_heads": strided_heads_decode_kernel}[kernel]
+          "strided_heads": strided_heads_decode_kernel, "never_stored": never_stored_decode_kernel,
+          "wrong_stride": wrong_stride_decode_kernel}[kernel]
     assert_fails(build.check("decode_kernel", fn, kernel_setup), "alone, a random paged batch", *phrases)
 
 
