@@ -185,6 +185,45 @@ def _nan_filled_outputs() -> Iterator[None]:
         triton_paged_decode.torch = original
 
 
+def kernel_source_without_the_exercise() -> str:
+    """`paged_decode_kernel`'s source with what A1's build exercise asks for left out (the running
+    values' start, step 2c's online softmax, step 3's normalisation), so the chapter can show the
+    kernel's shape before the learner writes those lines."""
+    import inspect
+
+    from minilm_engine.model.attention.triton_paged_decode import paged_decode_kernel
+
+    lines, kept, skipping = inspect.getsource(paged_decode_kernel.fn).splitlines(), [], False
+    in_step_2_comment = False
+    for line in lines:
+        text = line.strip()
+        indent = line[: len(line) - len(line.lstrip())]
+        if text.startswith("# 2. Online softmax"):  # (its comment states the recipe: left out)
+            in_step_2_comment = True
+            kept.append(indent + "# 2. Online softmax over the keys, one tile of BLOCK_N positions at a time.")
+            continue
+        if in_step_2_comment and text.startswith("#"):
+            continue
+        in_step_2_comment = False
+        if text.startswith(("m = tl.full", "l = tl.zeros")):
+            if not text.startswith("m ="):
+                continue
+            line = line[: len(line) - len(line.lstrip())] + "# ... the running values beside acc: the build exercise"
+        elif text.startswith("# 2c."):
+            skipping = True
+            kept.append(line[: len(line) - len(line.lstrip())] + "# 2c. ... fold the tile into the running softmax: "
+                        "the build exercise")
+            continue
+        elif skipping and text.startswith("m = m_new"):
+            skipping = False
+            continue
+        elif text.startswith("out = acc /"):
+            line = line[: len(line) - len(line.lstrip())] + "out = ...  # normalise: the build exercise"
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def _with_kernel(fn: Any):
     from minilm_engine import pluggable
 
