@@ -130,19 +130,58 @@ def my_release_blocks(blocks, free_queue):
             free_queue[block.block_id] = block
 
 
+def my_schedule_step(step, pool):
+    """Written differently from the package's step: no admits / AdmissionState, the pool's
+    allocate decides whether the head's blocks are there."""
+    from minilm_engine.core.schedule_step import StepPlan
+
+    plan, running, used = StepPlan(), list(step.running), 0
+    i = 0
+    while i < len(running):
+        r, left = running[i], step.max_num_batched_tokens - used
+        if r.num_remaining_tokens == 1 and r.num_spec_tokens:
+            n = min(1 + r.num_spec_tokens, left)
+        else:
+            n = r.num_remaining_tokens if r.num_remaining_tokens <= left else left * step.enable_chunked_prefill
+        if n == 0:
+            i += 1
+            continue
+        while not pool.allocate(r.request_id, n):
+            victim = running.pop()
+            pool.preempt(victim.request_id)
+            plan.preempted.append(victim.request_id)
+            if victim is r:
+                break
+        if r in running:
+            plan.num_new_tokens[r.request_id] = n
+            used += n
+            i += 1
+    for w in step.waiting:
+        left = step.max_num_batched_tokens - used
+        todo = w.num_remaining_tokens - pool.num_cached_tokens(w.request_id)
+        n = todo if todo <= left else left * step.enable_chunked_prefill
+        if plan.preempted or len(running) == step.max_num_seqs or n == 0 or not pool.allocate(w.request_id, n):
+            break
+        running.append(w)
+        plan.num_new_tokens[w.request_id] = n
+        used += n
+    return plan
+
+
 CORRECT = {
     "append_and_attend": my_append_and_attend,
     "slot_mapping": my_slot_mapping,
     "share_block": my_share_block,
+    "cached_prefix": my_cached_prefix,
+    "take_free_blocks": my_take_free_blocks,
+    "release_blocks": my_release_blocks,
     "preemption_victim": my_victim,
     "admits": my_admits,
+    "schedule_step": my_schedule_step,
     "num_tokens_this_step": my_num_tokens,
     "accept_drafts": my_accept,
     "int8_weight": my_int8,
     "int4_weight": my_int4,
-    "cached_prefix": my_cached_prefix,
-    "take_free_blocks": my_take_free_blocks,
-    "release_blocks": my_release_blocks,
 }
 
 
@@ -166,7 +205,8 @@ def test_the_package_function_gets_a_nudge_not_a_pass(setup):
 
 
 @pytest.mark.parametrize("piece", ["append_and_attend", "num_tokens_this_step", "accept_drafts", "int8_weight",
-                                   "int4_weight", "cached_prefix", "take_free_blocks", "release_blocks"])
+                                   "int4_weight", "cached_prefix", "take_free_blocks", "release_blocks",
+                                   "schedule_step", "admits", "preemption_victim", "share_block"])
 def test_the_package_function_of_each_piece_gets_a_nudge(piece, setup):
     own = pluggable.default(build.get_piece(piece).registry_name)
     assert_fails(build.check(piece, own, setup), "package's own", "write it yourself")
@@ -682,7 +722,8 @@ def _decode_body(
     block_size, num_queries_per_kv, head_dim,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
 ):
-    # MODE 0: right; 1: the rescale forgotten; 2: zeros stored; 3: query heads strided over K/V heads.
+    # MODE 0: right; 1: the rescale forgotten; 2: zeros stored; 3: query heads strided over K/V heads;
+    # 4: the output never stored; 5: a cached row found with the head's stride instead of the row's.
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     context_len = tl.load(context_lens_ptr + seq)
@@ -704,6 +745,8 @@ def _decode_body(
         mask_n = pos < context_len
         block = tl.load(block_tables_ptr + seq * stride_table_seq + pos // block_size, mask=mask_n, other=0)
         row = block * stride_cache_block + (pos % block_size) * stride_cache_row + kv_head * stride_cache_head
+        if MODE == 5:
+            row = block * stride_cache_block + (pos % block_size) * stride_cache_head + kv_head * stride_cache_head
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         v = tl.load(v_cache_ptr + row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(tl.float32)
@@ -721,7 +764,8 @@ def _decode_body(
     if MODE == 2:
         out = out * 0.0
     offset = seq * stride_out_token + heads[:, None] * stride_out_head + dims[None, :]
-    tl.store(out_ptr + offset, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    if MODE != 4:
+        tl.store(out_ptr + offset, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
 @triton.jit
@@ -780,6 +824,34 @@ def strided_heads_decode_kernel(
                  block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, 3)
 
 
+@triton.jit
+def never_stored_decode_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+    stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+    stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+    block_size, num_queries_per_kv, head_dim,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    _decode_body(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+                 stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+                 stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, 4)
+
+
+@triton.jit
+def wrong_stride_decode_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+    stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+    stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+    block_size, num_queries_per_kv, head_dim,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    _decode_body(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, scale,
+                 stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+                 stride_cache_block, stride_cache_row, stride_cache_head, stride_table_seq,
+                 block_size, num_queries_per_kv, head_dim, BLOCK_G, BLOCK_N, BLOCK_D, 5)
+
+
 @pytest.fixture(scope="module")
 def interpreted():
     from minilm_engine.model.attention.triton_paged_prefill import is_interpreted
@@ -814,11 +886,14 @@ def test_decode_kernel_alone_on_a_random_paged_batch(interpreted):
         ("no_rescale", ["fit in one key tile", "must be rescaled by exp(m_old - m_new)"]),
         ("zeros", ["output is all zeros"]),  # the first tokens of a request used to come out right
         ("strided_heads", ["query head 1 read K/V head 1; with 4 query heads per K/V head it should read head 0"]),
+        ("never_stored", ["never wrote its output"]),
+        ("wrong_stride", ["read cache rows outside its sequence's context", "a wrong stride"]),
     ],
 )
 def test_decode_kernel_usual_mistakes_are_named(kernel, phrases, kernel_setup, interpreted):
     fn = {"no_rescale": no_rescale_decode_kernel, "zeros": zeros_decode_kernel,
-          "strided_heads": strided_heads_decode_kernel}[kernel]
+          "strided_heads": strided_heads_decode_kernel, "never_stored": never_stored_decode_kernel,
+          "wrong_stride": wrong_stride_decode_kernel}[kernel]
     assert_fails(build.check("decode_kernel", fn, kernel_setup), "alone, a random paged batch", *phrases)
 
 

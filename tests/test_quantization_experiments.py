@@ -94,10 +94,25 @@ def test_qat_vs_ptq_smallest():
     assert len(result["qat_losses"]) == 3 and math.isfinite(result["finetune_ptq"])
 
 
-def test_int4_exercise_checker_passes_the_package_and_explains_wrong_answers():
+def test_int4_exercise_checker_nudges_the_package_and_explains_wrong_answers():
     from minilm_engine.course.teaching.exercises_quantization import int4_exercise, reference_int4
+    from minilm_engine.model.quantization import schemes
 
-    assert int4_exercise.check(reference_int4).passed
+    # The package's own answer is a nudge, passed directly or called from inside.
+    result = int4_exercise.check(reference_int4)
+    assert not result.passed and "package's own" in result.message, result.message
+    calls_it = int4_exercise.check(lambda w, group_size: schemes.dequantize_int4(
+        schemes.quantize_int4(w, *schemes.int4_params(w, group_size), group_size),
+        *schemes.int4_params(w, group_size), w.shape[1]))
+    assert not calls_it.passed and "your function calls it" in calls_it.message, calls_it.message
+
+    def min_max(w, group_size):  # written from the idea: a right answer passes
+        groups = w.view(w.shape[0], -1, group_size)
+        lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        step = ((hi - lo) / 15).clamp_min(1e-12)
+        return (((groups - lo) / step).round().clamp(0, 15) * step + lo).view_as(w)
+
+    assert int4_exercise.check(min_max).passed
 
     def not_yet(w, group_size):
         raise NotImplementedError
@@ -106,7 +121,7 @@ def test_int4_exercise_checker_passes_the_package_and_explains_wrong_answers():
         return w.tolist()
 
     def per_row(w, group_size):  # one group per row: coarser steps
-        return reference_int4(w, w.shape[1]) if w.shape[1] > group_size else reference_int4(w, group_size)
+        return min_max(w, w.shape[1]) if w.shape[1] > group_size else min_max(w, group_size)
 
     def no_rounding(w, group_size):
         return w + 0.0

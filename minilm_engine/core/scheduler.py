@@ -14,7 +14,10 @@ all requests draw on the same budget (vLLM v1's scheduler):
     3. then waiting requests, oldest first, reusing cached prefix blocks where they can; whether
        the queue's head starts is one decision, `admits` (a seat, budget, blocks, no preemption).
 
-That is the "fcfs" policy (the default).  Under `scheduling_policy="priority"` (service tiers,
+That is the "fcfs" policy (the default), decided as plain data by `schedule_step.py`'s
+`schedule_step(step, pool) -> StepPlan`, which the scheduler calls every step and carries out
+(`_StepPool`: allocations, admissions and preemptions as they are asked for, then the plan
+checked against them).  Under `scheduling_policy="priority"` (service tiers,
 `request_queue.py`) both lists are kept in rank order, (priority, arrival), and the step walks
 them merged by rank: a waiting request that outranks a running one is admitted before the
 running one gets its tokens, so batch work (a large priority) gets what interactive work leaves
@@ -48,7 +51,17 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from minilm_engine.core.kv_cache_manager import BlockManager
-from minilm_engine.pluggable import replaceable
+from minilm_engine.core.schedule_step import (
+    AdmissionState,
+    StepInputs,
+    StepPlan,
+    StepPlanError,
+    StepRequest,
+    admits,
+    num_tokens_this_step,
+    preemption_victim,
+    schedule_step,
+)
 from minilm_engine.core.request import Request, RequestStatus
 from minilm_engine.core.outputs import DraftTokens
 from minilm_engine.core.config import EngineConfig
@@ -124,56 +137,6 @@ def schedule_request(
     )
 
 
-@replaceable("scheduler.preemption_victim")
-def preemption_victim(candidates: list[Request]) -> Request:
-    """Out of blocks: who gives up theirs.  `candidates` are the running request that needs
-    room and those after it in the running order (arrival, or rank under priority); the ones
-    before have had their turn this step.  The last one, the newest: the oldest requests always
-    make progress, and the newest has the least work to recompute."""
-    return candidates[-1]
-
-
-@dataclass(frozen=True)
-class AdmissionState:
-    """What the waiting queue's head asks for, and what the step has left, when the scheduler
-    reaches it (running requests have had their tokens; earlier admissions theirs)."""
-
-    num_running: int  # requests in the batch now
-    max_num_seqs: int  # the batch's seats
-    num_new_tokens: int  # its tokens that this step's token budget leaves room for (0: none)
-    num_new_blocks: int  # KV blocks those tokens need, beyond its prefix-cache hit
-    num_free_blocks: int  # blocks the pool can hand out now (its hit's free blocks taken)
-    num_preempted: int  # requests preempted earlier in this step (the pool was short)
-
-
-@replaceable("scheduler.admits")
-def admits(state: AdmissionState) -> bool:
-    """Whether the waiting queue's head starts this step.  It needs a seat, tokens in the
-    budget, and blocks for them; and nobody starts in a step that had to preempt: the pool is
-    short, and a newcomer would only push a running request out again next step (thrashing).
-    A head that cannot start holds the queue: fcfs admits nobody behind it (no starvation)."""
-    return (
-        state.num_preempted == 0
-        and state.num_running < state.max_num_seqs
-        and state.num_new_tokens > 0
-        and state.num_new_blocks <= state.num_free_blocks
-    )
-
-
-@replaceable("scheduler.num_tokens_this_step")
-def num_tokens_this_step(
-    num_remaining_tokens: int, num_scheduled_tokens: int, max_num_batched_tokens: int, enable_chunked_prefill: bool
-) -> int:
-    """How many of a request's `num_remaining_tokens` uncomputed tokens run this step, when the
-    requests scheduled before it in this step already take `num_scheduled_tokens` of the
-    `max_num_batched_tokens` budget: all of them if they fit; else, with chunked prefill, a chunk
-    that fills the rest of the budget; without it, none (the prompt waits for a step with room)."""
-    budget = max_num_batched_tokens - num_scheduled_tokens
-    if num_remaining_tokens <= budget:
-        return num_remaining_tokens
-    return budget if enable_chunked_prefill else 0
-
-
 @dataclass
 class StepUpdate:
     """What `update_from_output` did with one step's tokens."""
@@ -234,13 +197,50 @@ class Scheduler:
         """`drafts[request_id]`: what the draft proposed for a decoding running request."""
         drafts = drafts or {}
         out = SchedulerOutput()
+        if self.order.by_priority:
+            self._schedule_by_rank(drafts, out)
+        else:
+            self._schedule_step(drafts, out)
+        if out.scheduled:  # (an empty step runs nothing: the next one carries them)
+            out.freed_request_ids, self._freed_request_ids = self._freed_request_ids, []
+        return out
+
+    def _schedule_step(self, drafts: Mapping[str, DraftTokens], out: SchedulerOutput) -> None:
+        """fcfs: `schedule_step` decides from plain data; `_StepPool` carries out each
+        allocation, admission and preemption as it is asked for, then checks the plan."""
+        running = [
+            StepRequest(r.request_id, r.num_tokens - r.num_computed_tokens,
+                        len(drafts[r.request_id]) if r.request_id in drafts else 0)
+            for r in self.running
+        ]
+        # The queue's first requests: as many as could take a seat, and one more (so a step that
+        # ignores the seats shows it); it ends before a request that waits for its sibling's prompt.
+        considered: list[Request] = []
+        for request in self.waiting:
+            if len(considered) > self.config.max_num_seqs - len(self.running):
+                break
+            if request.waits_for_prefix and self.block_manager.enable_prefix_caching:
+                break  # n > 1: its sibling's prompt blocks are about to be cached
+            considered.append(request)
+        step = StepInputs(
+            running=running,
+            waiting=[StepRequest(r.request_id, r.num_tokens) for r in considered],
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_seqs=self.config.max_num_seqs,
+            enable_chunked_prefill=self.config.enable_chunked_prefill,
+        )
+        pool = _StepPool(self, {r.request_id: r for r in considered}, drafts, out)
+        pool.check(schedule_step(step, pool), step)
+
+    def _schedule_by_rank(self, drafts: Mapping[str, DraftTokens], out: SchedulerOutput) -> None:
+        """priority: the running list and the queue walked merged by rank (module docstring)."""
         budget = self.config.max_num_batched_tokens
         i = 0  # running[:i] have had their turn this step
         admitting = True  # False once the queue's head could not start: the queue waits
         while budget > 0:
             request = self.running[i] if i < len(self.running) else None
             head = self.waiting[0] if admitting and self.waiting else None
-            # fcfs: every running request, then the queue.  priority: whoever ranks first.
+            # Whoever ranks first: a waiting request may go before a running one.
             if head is not None and (request is None or self.order.goes_before(head, request)):
                 # (A seat may be taken only from a request that has not had its turn yet.)
                 num_new = self._admit(head, budget, out, may_take_a_seat=request is not None)  # 3.
@@ -255,9 +255,15 @@ class Scheduler:
                     i += 1  # (else it preempted itself: it was the last, and now waits)
             else:
                 break
-        if out.scheduled:  # (an empty step runs nothing: the next one carries them)
-            out.freed_request_ids, self._freed_request_ids = self._freed_request_ids, []
-        return out
+
+    def _lookup_prefix(self, request: Request) -> tuple[list, int]:
+        """A waiting request's prefix hit: (cached blocks, tokens they hold)."""
+        hit = self.block_manager.get_computed_blocks(
+            request.all_token_ids, request.block_hashes.setdefault(self.block_manager.block_size, [])
+        )
+        if request.skip_reading_prefix_cache:  # prompt logprobs: every position is computed
+            return [], 0
+        return hit
 
     def _block_update(self, request_id: str, num_held_blocks: int) -> tuple[int, list[int]]:
         """(num_kept_blocks, new_block_ids) of a table that held `num_held_blocks` before this
@@ -308,11 +314,7 @@ class Scheduler:
             victim = self.running.pop()
             self._preempt(victim)
             out.preempted.append(victim)
-        computed_blocks, num_cached = self.block_manager.get_computed_blocks(
-            request.all_token_ids, request.block_hashes.setdefault(self.block_manager.block_size, [])
-        )
-        if request.skip_reading_prefix_cache:  # prompt logprobs: every position is computed
-            computed_blocks, num_cached = [], 0
+        computed_blocks, num_cached = self._lookup_prefix(request)
         num_new = self._num_tokens_to_compute(request.num_tokens, num_cached, budget)
         manager = self.block_manager
         state = AdmissionState(
@@ -327,8 +329,15 @@ class Scheduler:
             return None
         if num_new == 0:
             raise RuntimeError(f"request {request.request_id!r} was admitted with no tokens to compute: {state}")
-        if not manager.allocate_slots(request.request_id, num_cached, num_new, computed_blocks):
+        if not self._start(request, num_cached, num_new, computed_blocks, out):
             raise RuntimeError(f"request {request.request_id!r} was admitted but the pool cannot hold it: {state}")
+        return num_new
+
+    def _start(self, request: Request, num_cached: int, num_new: int, computed_blocks: list, out: SchedulerOutput) -> bool:
+        """The queue's head starts with its prefix hit and `num_new` tokens; False (nothing
+        changed) if the pool cannot hold them."""
+        if not self.block_manager.allocate_slots(request.request_id, num_cached, num_new, computed_blocks):
+            return False
         self.waiting.popleft()  # `request` is the queue's head
         self.order.place(self.running, request)
         self.num_prefix_cache_queries += request.num_tokens
@@ -340,7 +349,7 @@ class Scheduler:
         out.scheduled.append(
             schedule_request(request, num_new, num_cached, block_update=self._block_update(request.request_id, 0))
         )
-        return num_new
+        return True
 
     def _num_tokens_to_compute(
         self, num_tokens: int, num_computed_tokens: int, budget: int, num_spec_tokens: int = 0
@@ -445,3 +454,119 @@ class Scheduler:
         self.order.arrive(request)  # ranked by its priority, as a new arrival of this engine
         self.order.place(self.running, request)
         self._unsent_tables.add(request.request_id)  # its first step sends the whole table
+
+
+class _StepPool:
+    """`schedule_step`'s view of the KV cache (`StepPool`): each call is carried out on the
+    scheduler's state as it is made (allocations, admissions, preemptions), and recorded, so
+    that `check` can hold the returned plan against what was done."""
+
+    def __init__(self, scheduler: Scheduler, waiting: dict[str, Request], drafts: Mapping[str, DraftTokens],
+                 out: SchedulerOutput):
+        self.scheduler = scheduler
+        self.manager = scheduler.block_manager
+        self.waiting = waiting  # the step's waiting requests by id
+        self.drafts = drafts
+        self.out = out
+        self.hits: dict[str, tuple[list, int]] = {}  # prefix hits looked up this step
+
+    def _running(self, request_id: str) -> Request | None:
+        return next((r for r in self.scheduler.running if r.request_id == request_id), None)
+
+    def _waiting(self, request_id: str) -> Request:
+        request = self.waiting.get(request_id)
+        if request is None or request.status == RequestStatus.RUNNING:
+            what = "preempted earlier in this step (it waits: the pool is short)" if any(
+                r.request_id == request_id for r in self.out.preempted) else "not a waiting request of this step"
+            raise StepPlanError(f"request {request_id!r} is {what}")
+        return request
+
+    def _hit(self, request: Request) -> tuple[list, int]:
+        """Its prefix hit, looked up again if a block of it was evicted since."""
+        hit = self.hits.get(request.request_id)
+        cached = self.manager.block_pool.cached_blocks
+        if hit is None or any(cached.get(b.block_hash) is not b for b in hit[0]):
+            hit = self.hits[request.request_id] = self.scheduler._lookup_prefix(request)
+        return hit
+
+    def num_cached_tokens(self, request_id: str) -> int:
+        request = self._waiting(request_id)
+        self.hits.pop(request_id, None)
+        return self._hit(request)[1]
+
+    def num_new_blocks(self, request_id: str, num_new_tokens: int) -> int:
+        request = self._running(request_id)
+        if request is not None:
+            return self.manager.num_blocks_to_allocate(request_id, request.num_computed_tokens, num_new_tokens)
+        blocks, num_cached = self._hit(self._waiting(request_id))
+        return self.manager.num_blocks_to_allocate(request_id, num_cached, num_new_tokens, blocks)
+
+    def num_free_blocks_for(self, request_id: str) -> int:
+        if self._running(request_id) is not None:
+            return self.manager.num_free_blocks
+        return self.manager.num_free_blocks_beside(self._hit(self._waiting(request_id))[0])
+
+    def allocate(self, request_id: str, num_new_tokens: int) -> bool:
+        if any(s.request.request_id == request_id for s in self.out.scheduled):
+            raise StepPlanError(f"request {request_id!r} was given tokens twice in one step")
+        if not isinstance(num_new_tokens, int) or num_new_tokens < 1:
+            raise StepPlanError(f"request {request_id!r} was allocated {num_new_tokens!r} tokens: a request that runs "
+                                f"has no tokens to compute otherwise; allocate at least 1 (and leave out one with 0)")
+        request = self._running(request_id)
+        if request is not None:
+            num_spec = len(self.drafts[request_id]) if request_id in self.drafts else 0
+            num_remaining = request.num_tokens - request.num_computed_tokens
+            most = num_remaining + (num_spec if num_remaining == 1 else 0)
+            if num_new_tokens > most:
+                raise StepPlanError(f"running request {request_id!r} has {most} tokens to compute, not {num_new_tokens}")
+            num_held = self.manager.num_held_blocks(request_id)
+            if not self.manager.allocate_slots(request_id, request.num_computed_tokens, num_new_tokens):
+                return False
+            update = self.scheduler._block_update(request_id, num_held)
+            self.out.scheduled.append(
+                schedule_request(request, num_new_tokens, draft=self.drafts.get(request_id), block_update=update))
+            return True
+        request = self._waiting(request_id)
+        head = self.scheduler.waiting[0]
+        if head is not request:
+            raise StepPlanError(f"request {request_id!r} was started while {head.request_id!r} is the waiting queue's "
+                                f"head: fcfs starts requests in queue order")
+        blocks, num_cached = self._hit(request)
+        if num_new_tokens > request.num_tokens - num_cached:
+            raise StepPlanError(f"waiting request {request_id!r} has {request.num_tokens - num_cached} tokens to compute "
+                                f"(its prompt less a prefix hit of {num_cached}), not {num_new_tokens}")
+        return self.scheduler._start(request, num_cached, num_new_tokens, blocks, self.out)
+
+    def preempt(self, request_id: str) -> None:
+        request = self._running(request_id)
+        if request is None:
+            raise StepPlanError(f"request {request_id!r} is not running, so it cannot be preempted")
+        if any(s.request is request for s in self.out.scheduled):
+            raise StepPlanError(f"request {request_id!r} was preempted after it was scheduled this step (its tokens "
+                                f"would be computed into blocks it gave back): a victim is the request that needs "
+                                f"room or one after it")
+        self.scheduler.running.remove(request)
+        self.scheduler._preempt(request)
+        self.out.preempted.append(request)
+
+    def check(self, plan: StepPlan, step: StepInputs) -> None:
+        """The plan says what the pool did; the budget and the seats are kept."""
+        if not isinstance(getattr(plan, "num_new_tokens", None), dict) or not isinstance(
+                getattr(plan, "preempted", None), list):
+            raise StepPlanError(f"schedule_step returns a StepPlan (num_new_tokens: dict, preempted: list), "
+                                f"got {plan!r:.80}")
+        done = [(s.request.request_id, s.num_new_tokens) for s in self.out.scheduled]
+        if list(plan.num_new_tokens.items()) != done:
+            raise StepPlanError(f"the plan schedules {plan.num_new_tokens} but the pool allocated for {dict(done)} in "
+                                f"that order: allocate for each scheduled request exactly its tokens, and list every "
+                                f"request you allocated for")
+        preempted = [r.request_id for r in self.out.preempted]
+        if list(plan.preempted) != preempted:
+            raise StepPlanError(f"the plan lists preempted {plan.preempted}, but {preempted} were preempted")
+        total = sum(n for _, n in done)
+        if total > step.max_num_batched_tokens:
+            raise StepPlanError(f"the plan computes {total} tokens ({dict(done)}), but max_num_batched_tokens is "
+                                f"{step.max_num_batched_tokens}: the budget is one for the whole step")
+        if len(self.scheduler.running) > step.max_num_seqs:
+            raise StepPlanError(f"{len(self.scheduler.running)} requests run after the step, but max_num_seqs is "
+                                f"{step.max_num_seqs}: a request started with every seat taken")

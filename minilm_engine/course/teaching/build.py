@@ -10,7 +10,7 @@ learner's code raised.  It never raises for a wrong answer.  The package's own f
 recognised (passed directly, or called from inside `fn`) and answered with a nudge, not a pass.
 `check_all(pieces)` runs one engine with all of the learner's pieces at once.
 
-The pieces, in the order of the course's build path (`PIECES`, `notebooks/README.md`):
+The pieces, in the order of the course's build path (`BUILD_PATH`, `notebooks/README.md`):
 
     chapter  piece                what the learner writes
     02       append_and_attend    write a step's K/V into a contiguous cache, attend over it
@@ -21,6 +21,7 @@ The pieces, in the order of the course's build path (`PIECES`, `notebooks/README
     03       release_blocks       freeing: ref counts, the free queue's tail, cached prefixes kept
     01       preemption_victim    out of blocks: which running request gives its blocks up
     01       admits               whether the waiting queue's head starts this step
+    01       schedule_step        the scheduler's step: who runs, how many tokens, who is preempted
     04       num_tokens_this_step how many of a request's tokens fit this step's token budget
     05       accept_drafts        speculative sampling's accept / resample rule
     06       int8_weight          per-channel symmetric INT8 quantization of a weight
@@ -31,7 +32,8 @@ Each piece is checked twice: first alone, on random inputs against the package's
 across the branches of its contract (`build_units.py`: several K/V heads per model, chunking on
 and off, every token an accept rule emits, any quantizer within the error bound), then in the
 engine.  Each piece's learner signature, hint and checker live in `build_pieces.py`
-(`build_allocator.py` for the block pool's allocator, `build_kernels.py` for A1's Triton kernel); the engine runs and their comparison in
+(`build_allocator.py` for the block pool's allocator, `build_schedule.py` for the scheduler's step,
+`build_kernels.py` for A1's Triton kernel); the engine runs and their comparison in
 `build_runs.py`.
 """
 
@@ -110,9 +112,18 @@ def register_piece(piece: Piece) -> Piece:
 
 def pieces() -> dict[str, Piece]:
     """Every build piece by short name, in build-path order."""
-    from minilm_engine.course.teaching import build_allocator, build_kernels, build_pieces  # noqa: F401  (they register the pieces)
+    from minilm_engine.course.teaching import build_allocator, build_kernels, build_pieces, build_schedule  # noqa: F401  (they register the pieces)
 
-    return dict(_PIECES)
+    order = {name: i for i, name in enumerate(BUILD_PATH)}
+    return dict(sorted(_PIECES.items(), key=lambda item: order.get(item[0], len(order))))
+
+
+# The pieces in the order of the build path (the table above).
+BUILD_PATH = (
+    "append_and_attend", "slot_mapping", "share_block", "cached_prefix", "take_free_blocks", "release_blocks",
+    "preemption_victim", "admits", "schedule_step", "num_tokens_this_step", "accept_drafts", "int8_weight",
+    "int4_weight", "decode_kernel",
+)
 
 
 def get_piece(name: str) -> Piece:

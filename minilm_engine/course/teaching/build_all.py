@@ -4,7 +4,9 @@ Contract: `run_whole_engine(setup, pieces)` computes the package's reference run
 swaps all of `pieces` in at once and runs (1) the continuous engine with INT8 weights,
 a small pool (preemption), a small token budget (chunked prefill) and the prefix cache, greedy,
 against the reference engine token for token, again with chunked prefill off, and again with
-INT4 weights; (2) the same engine speculating with sampled
+INT4 weights; where the learner wrote the scheduler's step and any of the decisions inside it
+(admits, preemption_victim, num_tokens_this_step), once more with the package's step, so that
+the engine calls those decisions too; (2) the same engine speculating with sampled
 requests (the accept rule inside, the pool empty after); (3) the static batch on the contiguous
 cache; (4) the accept rule's distribution test.  It returns what was checked, and the pieces
 that handed their work back to the package's own function.
@@ -64,6 +66,16 @@ def run_whole_engine(setup: BuildSetup, fns: dict[str, Any]) -> tuple[list[str],
         got_static = run_engine(setup, {"max_num_seqs": len(setup.prompts)}, strategy="static_batch")
         details.append("static batch, contiguous cache: " + require_same_tokens(got_static, want_static, setup))
         delegated = [n for n in fns if pluggable.num_delegations(known[n].registry_name)]
+    inner = [n for n in ("admits", "preemption_victim", "num_tokens_this_step") if n in fns]
+    if "schedule_step" in fns and inner:
+        # The learner's step may inline its decisions: run the package's step around them too.
+        with ExitStack() as stack:
+            for name in inner:
+                stack.enter_context(swap_in(name, fns[name]))
+            got_inner = run_engine(setup, args, waves=2, max_steps=4 * want.num_steps + 20)
+            delegated += [n for n in inner if pluggable.num_delegations(known[n].registry_name)]
+        details.append(f"the package's scheduler step calling your {', '.join(inner)}: "
+                       + require_same_tokens(got_inner, want, setup))
     if "decode_kernel" in fns:
         from minilm_engine.course.teaching.build_kernels import _check_decode_kernel
 

@@ -7,11 +7,14 @@ the engine (the Triton attention backend, under `TRITON_INTERPRET=1` on a CPU) f
 step, and compares greedy tokens with the package's engine on the torch reference.  Before the
 engine, `check_kernel_alone` launches it on a random paged batch (several K/V heads, contexts
 inside one key tile and across several) against `paged_attention_reference`, in seconds, and
-names the usual mistakes: an output never written, the rescale forgotten, the wrong K/V head.
+names the usual mistakes: an output never written (the checker fills it with NaN first), the
+rescale forgotten, the wrong K/V head, a wrong stride or mask (rows outside the context read).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from minilm_engine.model.attention.backends import triton_unavailable_reason
@@ -93,20 +96,33 @@ def check_kernel_alone(fn: Any) -> str:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     q, k_cache, v_cache, meta = _paged_batch(torch.Generator().manual_seed(11), device)
     want = paged_attention_reference(q, k_cache, v_cache, meta)
-    with _with_kernel(fn):
+    with _with_kernel(fn), _nan_filled_outputs():
         got = paged_decode_attention(q, k_cache, v_cache, meta).clone()
-        # Which K/V head each query head reads: values constant j + 1 on K/V head j.
-        probe_v = (torch.arange(v_cache.shape[2], dtype=torch.float32) + 1)[None, None, :, None].expand_as(v_cache)
-        probe = paged_decode_attention(q, k_cache, probe_v.contiguous(), meta).cpu()
+        probe = paged_decode_attention(q, *_probe_cache(k_cache, meta), meta).cpu()
     got, want = got.cpu(), want.cpu()
     where = f"alone, a random paged batch of {meta.num_seqs} sequences (context lengths {meta.context_lens.tolist()})"
     if torch.count_nonzero(got) == 0:
         raise BuildFailure(f"{where}: your kernel's output is all zeros: normalise the running sum of values by "
                            f"the running sum of exponentials and store it into out_ptr")
+    if torch.isnan(got).all():
+        raise BuildFailure(f"{where}: your kernel never wrote its output (out_ptr still holds the NaN the checker "
+                           f"filled it with): tl.store the normalised rows at seq * stride_out_token + head * "
+                           f"stride_out_head + dims")
     if not torch.isfinite(got).all():
-        raise BuildFailure(f"{where}: your kernel's output has NaN or inf: is every output written, and never "
-                           f"exp(-inf - (-inf)) (start the running maximum at -inf and only rescale by finite differences)?")
-    require_gqa_mapping(kv_heads_read(probe, k_cache.shape[2]), k_cache.shape[2], where)
+        bad = sorted({int(i) for i in torch.nonzero(~torch.isfinite(got))[:, 1]})
+        raise BuildFailure(f"{where}: your kernel's output has NaN or inf (query heads {bad}): is every row stored "
+                           f"(the checker filled the output with NaN first), and never exp(-inf - (-inf)) (start "
+                           f"the running maximum at -inf and only rescale by finite differences)?")
+    read = kv_heads_read(probe, k_cache.shape[2])
+    require_gqa_mapping(read, k_cache.shape[2], where)
+    if None in read:
+        raise BuildFailure(
+            f"{where}: query head {read.index(None)} read cache rows outside its sequence's context (with all keys "
+            f"equal and the values of the rows it should read equal to their K/V head's number, its output is not "
+            f"that number): a wrong stride, or a missing mask. A cached row is at block * stride_cache_block + "
+            f"(pos % block_size) * stride_cache_row + kv_head * stride_cache_head, with block read from the "
+            f"sequence's block table at seq * stride_table_seq + pos // block_size, and only pos < context_len"
+        )
     close = [torch.allclose(got[i], want[i], rtol=1e-4, atol=1e-4) for i in range(meta.num_seqs)]
     if all(close):
         return f"{where}: matches the reference attention"
@@ -125,6 +141,87 @@ def check_kernel_alone(fn: Any) -> str:
         f"by {(got[i, h] - want[i, h]).abs().max().item():.3g} (check the strides of the loads and the store, "
         f"and the scale 1/sqrt(D))"
     )
+
+
+def _probe_cache(k_cache: Any, meta: Any) -> tuple[Any, Any]:
+    """Keys all zero (every score equal: the softmax is a plain mean, whatever the rescale), and
+    values j + 1 on K/V head j in the rows a sequence should read (its blocks, before its
+    context length), 1000 everywhere else: the mean is j + 1 only if the kernel read exactly
+    its own rows of the right head."""
+    import torch
+
+    num_blocks, block_size, H_kv, D = k_cache.shape
+    v = torch.full((num_blocks * block_size, H_kv, D), 1000.0)
+    heads = (torch.arange(H_kv, dtype=torch.float32) + 1)[:, None].expand(H_kv, D)
+    tables, lens = meta.block_tables.cpu(), meta.context_lens.cpu()
+    for i, n in enumerate(lens.tolist()):
+        for pos in range(n):
+            v[int(tables[i, pos // block_size]) * block_size + pos % block_size] = heads
+    return torch.zeros_like(k_cache), v.view(num_blocks, block_size, H_kv, D).to(k_cache.device)
+
+
+@contextmanager
+def _nan_filled_outputs() -> Iterator[None]:
+    """`paged_decode_attention` allocates its output with torch.empty, whose contents are whatever
+    the memory held (possibly a right answer from before): fill it with NaN instead, so an output
+    the kernel never writes shows."""
+    import torch
+
+    from minilm_engine.model.attention import triton_paged_decode
+
+    class _Torch:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(torch, name)
+
+        @staticmethod
+        def empty(*args: Any, **kwargs: Any) -> Any:
+            return torch.empty(*args, **kwargs).fill_(float("nan"))
+
+    original = triton_paged_decode.torch
+    triton_paged_decode.torch = _Torch()
+    try:
+        yield
+    finally:
+        triton_paged_decode.torch = original
+
+
+def kernel_source_without_the_exercise() -> str:
+    """`paged_decode_kernel`'s source with what A1's build exercise asks for left out (the running
+    values' start, step 2c's online softmax, step 3's normalisation), so the chapter can show the
+    kernel's shape before the learner writes those lines."""
+    import inspect
+
+    from minilm_engine.model.attention.triton_paged_decode import paged_decode_kernel
+
+    lines, kept, skipping = inspect.getsource(paged_decode_kernel.fn).splitlines(), [], False
+    in_step_2_comment = False
+    for line in lines:
+        text = line.strip()
+        indent = line[: len(line) - len(line.lstrip())]
+        if text.startswith("# 2. Online softmax"):  # (its comment states the recipe: left out)
+            in_step_2_comment = True
+            kept.append(indent + "# 2. Online softmax over the keys, one tile of BLOCK_N positions at a time.")
+            continue
+        if in_step_2_comment and text.startswith("#"):
+            continue
+        in_step_2_comment = False
+        if text.startswith(("m = tl.full", "l = tl.zeros")):
+            if not text.startswith("m ="):
+                continue
+            line = line[: len(line) - len(line.lstrip())] + "# ... the running values beside acc: the build exercise"
+        elif text.startswith("# 2c."):
+            skipping = True
+            kept.append(line[: len(line) - len(line.lstrip())] + "# 2c. ... fold the tile into the running softmax: "
+                        "the build exercise")
+            continue
+        elif skipping and text.startswith("m = m_new"):
+            skipping = False
+            continue
+        elif text.startswith("out = acc /"):
+            line = line[: len(line) - len(line.lstrip())] + "out = ...  # normalise: the build exercise"
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)
 
 
 def _with_kernel(fn: Any):

@@ -229,7 +229,7 @@ def _adapt_preemption_victim(fn: Fn) -> Fn:
     def call(candidates: list[Request]) -> Request:
         victim = fn(list(candidates))
         if _is_int(victim):
-            raise PieceError(f"return the Request itself (one of the candidates), not an index ({victim})")
+            raise PieceError(f"return the request itself (one of the candidates), not an index ({victim})")
         if not any(victim is c for c in candidates):
             ids = [c.request_id for c in candidates]
             raise PieceError(f"returned {victim!r:.60}, which is not one of the candidates (requests {ids})")
@@ -297,10 +297,10 @@ _piece(
     registry_name="scheduler.preemption_victim",
     chapter="01",
     signature=(
-        "def preemption_victim(candidates) -> Request\n"
+        "def preemption_victim(candidates) -> one of candidates\n"
         "  the pool is out of blocks while the scheduler serves candidates[0]; candidates are it and\n"
-        "  the running requests after it, in arrival order. Return the one that gives its blocks\n"
-        "  back (it is recomputed later from its tokens)"
+        "  the running requests after it, in arrival order (each with a request_id). Return the one\n"
+        "  that gives its blocks back (it is recomputed later from its tokens)"
     ),
     hint=(
         "think about who has waited longest, and whose recompute costs least; a rule that lets a "

@@ -7,7 +7,8 @@ scale and offset per group of `group_size` inputs, codes 0..15.  It reports the 
 that fails, in words: a wrong type or shape, an error above half a step (the bound every
 round-to-nearest code must meet), or a result within the bound that is not quantized (more
 than 16 values in a group).  Any quantizer that meets both passes, not only the package's
-recipe (a zero point rounded to a code passes too).  It never raises on a wrong answer.
+recipe (a zero point rounded to a code passes too).  The package's own functions, passed or
+called, get a nudge, not a pass (as `build.check`).  It never raises on a wrong answer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,17 @@ import torch
 
 from minilm_engine.model.quantization import QuantizationConfig
 from minilm_engine.model.quantization import schemes
-from minilm_engine.course.teaching.exercises import CheckResult
+from minilm_engine.course.teaching.exercises import CallWatch, CheckResult, _unwrap, nudge, package_functions
+
+# The package's functions that answer the exercise: passing one, or calling one, gets a nudge.
+PACKAGE = (
+    "minilm_engine.course.teaching.exercises_quantization:reference_int4",
+    "minilm_engine.model.quantization.schemes:int4_params",
+    "minilm_engine.model.quantization.schemes:quantize_int4",
+    "minilm_engine.model.quantization.schemes:dequantize_int4",
+)
+HINT = ("16 levels are few: spend them on the range each small group of inputs really covers, from its lowest "
+        "value to its highest, and round each weight to the nearest level.")
 
 
 def reference_int4(w: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -43,14 +54,23 @@ class Int4Exercise:
     name = "int4 quantize-dequantize"
     reference = staticmethod(reference_int4)
 
+    def hint(self) -> str:
+        return HINT
+
     def check(self, fn, num_cases: int = 30, seed: int = 0) -> CheckResult:
+        own = package_functions(PACKAGE)
+        if _unwrap(fn) in own:  # the package's own answer: a nudge, not a pass (as build.check)
+            return CheckResult(False, 0, nudge(self.name, own[_unwrap(fn)], HINT))
         rng = random.Random(seed)
         for i in range(num_cases):
             case = _case(rng)
             w, g = case["w"], case["group_size"]
             shape = f"w of shape {tuple(w.shape)}, group_size={g}"
             try:
-                got = fn(w.clone(), g)
+                with CallWatch(own) as watch:
+                    got = fn(w.clone(), g)
+                if watch.called:
+                    return CheckResult(False, i, nudge(self.name, watch.called[0], HINT) + " (your function calls it.)")
             except NotImplementedError:
                 return CheckResult(False, i, f"{self.name}: not implemented yet")
             except Exception as e:  # the learner's bug, reported rather than raised
