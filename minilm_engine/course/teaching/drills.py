@@ -382,3 +382,18 @@ def export_markdown(path: str | Path | None = None, drills: list[Drill] | None =
     if path is not None:
         Path(path).write_text(text)
     return text
+
+
+def show_topic(heading: str | None = None, chapter: str | None = None, kind: str | None = None,
+               limit: int | None = None):
+    """A few drills, answers folded: those that link to chapter 09's section `heading`, or those
+    of `chapter` (and `kind`), at most `limit`."""
+    from IPython.display import HTML
+
+    drills = load_drills(chapter, kind)
+    if heading is not None:
+        drills = [d for d in drills if d.heading == heading]
+    parts = [f"<p><b>[{d.chapter} · {d.kind} · difficulty {d.difficulty}] {html.escape(d.question)}</b></p>"
+             f"<details><summary>Model answer</summary><p>{html.escape(d.answer)}</p></details>"
+             for d in drills[:limit]]
+    return HTML("\n".join(parts))
