@@ -21,7 +21,6 @@ its own clock of measured steps (course/experiments/disaggregation.py explains t
 from __future__ import annotations
 
 import heapq
-import math
 import random
 import statistics
 import time
