@@ -14,7 +14,8 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "10_the_view_f
 # claim text (as printed) -> the verdict the prose states
 STATED = {
     "latency jitters: your gaps spread out when others' traffic shares the server, below its capacity": "holds here",
-    "halving a long prompt more than halves its first-token wait (prefill grows faster than linearly)": "holds here",
+    "halving a long prompt more than halves its first-token wait (prefill grows faster than linearly)":
+        "not resolved by this run",
     "putting the stable text first makes the first token come sooner": "holds here",
     "rate limits are counted in tokens: the same number of requests, more of them refused when they are bigger":
         "holds here",
@@ -43,9 +44,9 @@ def test_the_observations_the_prose_states() -> None:
     text = _output_text(_nb())
     # the cap on one request is not set by concurrency: 300 tokens ran among 8 streams; 400 refused
     assert "the server accepted 300 tokens among 8 streams (HTTP 200) and refused 400 (HTTP 400)" in text
-    # the fused attention's halving, modelled, comes out below two
+    # the fused attention's halving, modelled, lands a little above two (the FLOPs of a model whose T* is small)
     line = next(x for x in text.splitlines() if x.startswith("modelled: the same prefills with the fused attention"))
-    assert float(line.rsplit("halving ", 1)[1].rstrip("x")) < 2.0
+    assert 2.0 < float(line.rsplit("halving ", 1)[1].rstrip("x")) < 2.5
     # retry storm: Retry-After alone sends the most 429s and finishes soonest; the H100's memory as reported
     assert "measured: most 429s Retry-After, no jitter, soonest Retry-After, no jitter" in text
     assert "85.52e9 bytes" in text
