@@ -237,3 +237,50 @@ def test_expected_distinct_matches_a_simulation() -> None:
     assert np.mean(touched) == pytest.approx(FORMULAS["experts_touched"](moe="Mixtral-8x7B", batch=8), rel=0.02)
     replicas = [len(set(rng.integers(0, 8, size=20))) for _ in range(4000)]
     assert np.mean(replicas) == pytest.approx(expected_distinct(8, 20), rel=0.02)
+
+
+def test_queueing_and_sampling_formulas_against_hand_computed_numbers() -> None:
+    from minilm_engine.course.teaching import drill_math as dm
+
+    # M/M/1: P(wait) = rho, Wq = rho / (mu - lambda); M/M/2 with a = 1: C = 1/3 (by hand).
+    assert dm.erlang_c(1, 0.5) == pytest.approx(0.5)
+    assert dm.mmc_wait_s(0.9, 1.0, 1) == pytest.approx(9.0)
+    assert dm.erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    assert dm.mmc_wait_s(8, 1.0, 8) == float("inf")
+    # the rate found for a target wait meets it, and a bit more does not
+    rate = dm.mmc_max_rate(1.0, 8, 0.1)
+    assert dm.mmc_wait_s(rate, 1.0, 8) <= 0.1 < dm.mmc_wait_s(rate * 1.01, 1.0, 8)
+    # pooling: more servers reach a higher utilisation at the same wait
+    assert dm.mmc_max_rate(1.0, 64, 0.1) / 64 > rate / 8
+    assert dm.tail_samples(99, 10) == pytest.approx(1000)
+    assert dm.max_exceeds_pct(99, 100) == pytest.approx(100 * (1 - 0.99**100))
+    assert dm.scaled_bits(4, 8, 16) == 4.5 and dm.scaled_bits(4, 8, 32) == 4.25
+    assert dm.accuracy_ci_pts(50, 10_000) == pytest.approx(0.98)
+    assert dm.spot_cost(1.0, 0.5, 60) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        dm.spot_cost(1.0, 1.0, 60)
+
+
+def test_the_bank_asks_the_interview_topics_chapter_09_derives() -> None:
+    """Each of chapter 09's worked derivations is followed by drills that link to it, numeric
+    ones among them where the topic has a number."""
+    bank = load_drills()
+    topics = {"Measuring latency: samples and coordinated omission": 3, "Queueing: M/M/c and utilisation headroom": 3,
+              "Speculative decoding: how many tokens to draft": 3, "Quantization: what a format costs and what it loses": 5,
+              "Cost: long contexts, reserved and spot capacity": 2, "Design: serving a rate at an SLO": 2}
+    headings = _headings(NOTEBOOKS / "09_interview_drills.ipynb")
+    for heading, at_least in topics.items():
+        assert heading in headings
+        linked = [d for d in bank if d.heading == heading]
+        assert len(linked) >= at_least, heading
+        assert any(d.value is not None for d in linked), heading
+    text = " ".join(d.question + " " + d.answer for d in bank).lower()
+    for topic in ("coordinated omission", "erlang", "eagle-3", "temperature", "w4a4", "fp8", "nvfp4", "mxfp4",
+                  "gptq", "gsm8k", "long-context", "spot", "admission control", "shedding", "fairness"):
+        assert topic in text, topic
+
+
+def test_the_context_drill_says_concurrency_does_not_cap_one_request() -> None:
+    drill = next(d for d in load_drills("10") if d.unit == "tokens" and "128 requests" in d.question)
+    assert "does not lower it" in drill.answer and "81,559 MiB" in drill.question
+    assert drill.value == FORMULAS["context_per_request"](model="Meta-Llama-3-8B", memory_gb=85.52, concurrency=128)

@@ -262,3 +262,13 @@ def machines_of(rows: Sequence[dict]) -> dict[str, list[str]]:
         if row["chapter"] not in chapters:
             chapters.append(row["chapter"])
     return machines
+
+
+def print_judged(claim: Claim, measured: Measurement, chapter: str, smoke: bool) -> Verdict:
+    """A chapter's one line per claim: judge it, print the verdict, and keep a seed claim's
+    verdict in `notebooks/claims/<chapter>.json` (`record`), except in a smoke run."""
+    verdict = claim.judge(measured)
+    if claim.source.startswith("seed"):
+        record(verdict, chapter, write=not smoke)
+    print(verdict, end="\n\n")
+    return verdict

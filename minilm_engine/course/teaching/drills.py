@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from minilm_engine.course.known_configs import known_config
+from minilm_engine.course.teaching import drill_math as dm
 from minilm_engine.course.teaching import serving_math as sm
 from minilm_engine.course.teaching.serving_math import LINKS
 
@@ -252,6 +253,16 @@ FORMULAS: dict[str, Callable[..., float]] = {
     "lora_step_overhead_pct": lambda model, rank, modules, distinct_adapters: (
         100 * distinct_adapters * _lora_mib(model, rank, modules) * (1 << 20) / _weight_bytes(model)
     ),
+    # queueing, sampling, formats, capacity (drill_math.py)
+    "mmc_wait_ms": lambda rate_per_s, service_s, servers: 1e3 * dm.mmc_wait_s(rate_per_s, service_s, servers),
+    "mmc_utilization_pct": lambda rate_per_s, service_s, servers: 100 * rate_per_s * service_s / servers,
+    "mmc_max_rate": dm.mmc_max_rate,
+    "tail_samples": dm.tail_samples,
+    "max_exceeds_pct": dm.max_exceeds_pct,
+    "scaled_bits": dm.scaled_bits,
+    "accuracy_ci_pts": dm.accuracy_ci_pts,
+    "spot_cost": dm.spot_cost,
+    "open_loop_delayed": lambda stall_s, interval_ms: stall_s * 1e3 / interval_ms,
 }
 
 
@@ -378,3 +389,18 @@ def export_markdown(path: str | Path | None = None, drills: list[Drill] | None =
     if path is not None:
         Path(path).write_text(text)
     return text
+
+
+def show_topic(heading: str | None = None, chapter: str | None = None, kind: str | None = None,
+               limit: int | None = None):
+    """A few drills, answers folded: those that link to chapter 09's section `heading`, or those
+    of `chapter` (and `kind`), at most `limit`."""
+    from IPython.display import HTML
+
+    drills = load_drills(chapter, kind)
+    if heading is not None:
+        drills = [d for d in drills if d.heading == heading]
+    parts = [f"<p><b>[{d.chapter} · {d.kind} · difficulty {d.difficulty}] {html.escape(d.question)}</b></p>"
+             f"<details><summary>Model answer</summary><p>{html.escape(d.answer)}</p></details>"
+             for d in drills[:limit]]
+    return HTML("\n".join(parts))
