@@ -220,3 +220,11 @@ def test_structured_outputs_benchmark_prints_the_overhead_and_the_mask(tmp_path)
     out = run([sys.executable, "structured_outputs.py", "--quick", "--threads", "1"], ROOT / "benchmarks").stdout
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["4"])]
     assert len(rows) == 4 and rows[0][-1].endswith("%") and "the mask alone" in out, out
+
+
+def test_attention_benchmark_times_both_backends_on_prefill_and_decode(tmp_path):
+    out = run([sys.executable, "attention.py", "--quick", "--threads", "1", "--json", str(tmp_path / "a.json")],
+              ROOT / "benchmarks").stdout
+    data = json.loads((tmp_path / "a.json").read_text())
+    assert [r["step"] for r in data["rows"]] == ["prefill T=64", "decode B=8 C=64"], out
+    assert all(len(r["torch_s"]) == len(r["cpu_s"]) == 1 for r in data["rows"])
