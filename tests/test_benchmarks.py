@@ -122,14 +122,14 @@ def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_
     llama = [] if "skipped" in data["llama_cpp"] else ["llama.cpp bf16", "llama.cpp q8_0", "llama.cpp q4_0"]
     assert list(data["batch1"]) == engines + quantized + hf + llama
     # the fused backend really ran (it did not fall back) wherever it can: bf16 only on a CPU whose
-    # oneDNN has bf16; quantized models keep their own kernels on the readable decoder
+    # oneDNN has bf16; quantized models run it too (their projections keep their own kernels)
     chefs = ["noodle-chef reference, fp32", "noodle-chef fused, fp32"]
     def backend(label: str) -> str:
         fused_runs = "fp32" in label or native_bf16_matmul()
         return label.split()[1].rstrip(",") if fused_runs else "reference"
 
     assert data["model_backends"] == {**{label: backend(label) for label in engines},
-                                      **{label: "reference" for label in quantized},
+                                      **{label: "fused" for label in quantized},
                                       **{label: label.split()[1].rstrip(",") for label in chefs}}
     # part 4: the shipped chef against its own floor (issue 22: within 2x)
     assert "4. the shipped noodle-chef" in out and list(data["chef"]) == chefs
