@@ -22,6 +22,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -88,24 +89,35 @@ void from_split_order(const float* src, int64_t D, float scale, T* dst) {
   for (int64_t d = d_vec; d < D; ++d) dst[d] = static_cast<T>(src[d] * scale);
 }
 
-// q (split order, float) . k (D elements of T)
+// scores[j] = q_j . k for the g queries j < g (split order, float; q_j at q + j * D) and one key
+// k (D elements of T): the key is loaded and widened once for all of them.
+constexpr int MAX_G = 8;  // queries per pass over a key (more run in several passes)
+
 template <typename T>
-inline float dot(const float* q, const T* k, int64_t D) {
-  vfloat acc = {};
+inline void dots(const float* q, int g, const T* k, int64_t D, float* scores) {
+  vfloat acc[MAX_G] = {};
   const int64_t d_vec = D - D % chunk<T>();
   for (int64_t c = 0; c < d_vec; c += chunk<T>()) {
     if constexpr (std::is_same<T, at::BFloat16>::value) {
       const vu32 words = load_vector<vu32>(k + c);
-      acc += load_vector<vfloat>(q + c) * (vfloat)(words << 16);
-      acc += load_vector<vfloat>(q + c + V) * (vfloat)(words & 0xFFFF0000u);
+      const vfloat even = (vfloat)(words << 16), odd = (vfloat)(words & 0xFFFF0000u);
+      for (int j = 0; j < g; ++j) {
+        acc[j] += load_vector<vfloat>(q + j * D + c) * even;
+        acc[j] += load_vector<vfloat>(q + j * D + c + V) * odd;
+      }
     } else {
-      acc += load_vector<vfloat>(q + c) * load_vector<vfloat>(k + c);
+      const vfloat kv = load_vector<vfloat>(k + c);
+      for (int j = 0; j < g; ++j) acc[j] += load_vector<vfloat>(q + j * D + c) * kv;
     }
   }
-  float sum = 0.0f;
-  for (int i = 0; i < V; ++i) sum += acc[i];
-  for (int64_t d = d_vec; d < D; ++d) sum += q[d] * as_float(k[d]);
-  return sum;
+  float lanes[MAX_G][V];
+  std::memcpy(lanes, acc, sizeof(lanes));
+  for (int j = 0; j < g; ++j) {
+    float sum = 0.0f;
+    for (int i = 0; i < V; ++i) sum += lanes[j][i];
+    for (int64_t d = d_vec; d < D; ++d) sum += q[j * D + d] * as_float(k[d]);
+    scores[j] = sum;
+  }
 }
 
 // acc (split order, float) += p * v (D elements of T)
@@ -143,14 +155,23 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int64_t* block
       acc.assign(G * D, 0.0f);
       scores.resize(G * L);
       for (int64_t j = 0; j < G; ++j) to_split_order(q + (s * H + g * G + j) * D, D, qf.data() + j * D);
-      // Token t of the sequence: slot table[t / block_size] * block_size + t % block_size.
-      auto row = [&](const T* cache, int64_t t) {
-        return cache + ((table[t / block_size] * block_size + t % block_size) * H_kv + g) * D;
+      // Token t of the sequence sits in block table[t / block_size], at offset t % block_size:
+      // walked block by block, so no division per token.
+      auto for_each_token = [&](const T* cache, auto&& fn) {
+        for (int64_t t0 = 0, b = 0; t0 < L; t0 += block_size, ++b) {
+          const T* base = cache + (table[b] * block_size * H_kv + g) * D;
+          const int64_t n = std::min(block_size, L - t0);
+          for (int64_t o = 0; o < n; ++o) fn(t0 + o, base + o * H_kv * D);
+        }
       };
-      for (int64_t t = 0; t < L; ++t) {  // pass 1: each key read once for the G queries
-        const T* k = row(k_cache, t);
-        for (int64_t j = 0; j < G; ++j) scores[j * L + t] = dot(qf.data() + j * D, k, D) * scale;
-      }
+      std::vector<float> token_scores(G);
+      for_each_token(k_cache, [&](int64_t t, const T* k) {  // pass 1: each key read once for the G queries
+        for (int64_t j0 = 0; j0 < G; j0 += MAX_G) {
+          const int g_pass = static_cast<int>(std::min<int64_t>(MAX_G, G - j0));
+          dots(qf.data() + j0 * D, g_pass, k, D, token_scores.data() + j0);
+        }
+        for (int64_t j = 0; j < G; ++j) scores[j * L + t] = token_scores[j] * scale;
+      });
       std::vector<float> inv_sum(G);
       for (int64_t j = 0; j < G; ++j) {  // softmax, in float32
         float* row_scores = scores.data() + j * L;
@@ -160,10 +181,9 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int64_t* block
         for (int64_t t = 0; t < L; ++t) sum += (row_scores[t] = std::exp(row_scores[t] - top));
         inv_sum[j] = 1.0f / sum;
       }
-      for (int64_t t = 0; t < L; ++t) {  // pass 2: each value read once for the G queries
-        const T* v = row(v_cache, t);
+      for_each_token(v_cache, [&](int64_t t, const T* v) {  // pass 2: each value read once for the G queries
         for (int64_t j = 0; j < G; ++j) axpy(scores[j * L + t], v, D, acc.data() + j * D);
-      }
+      });
       for (int64_t j = 0; j < G; ++j)
         from_split_order(acc.data() + j * D, D, inv_sum[j], out + (s * H + g * G + j) * D);
     }
