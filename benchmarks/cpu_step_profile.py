@@ -99,6 +99,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a tiny config (seconds)")
     parser.add_argument("--backend", default="fused", choices=fused_cpu.MODEL_BACKENDS)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--attention-backend", default="auto", help="auto (the CPU backend), torch, cpu")
     parser.add_argument("--quantization", default=None, help="int8 / int4 (quantized projections)")
     parser.add_argument("--steps", type=int, default=8, help="profiled decode steps per repeat")
     parser.add_argument("--repeats", type=int, default=3)
@@ -115,10 +116,12 @@ def main(argv=None) -> int:
             fields = {k: v for k, v in KNOWN_CONFIGS[QWEN3_0_6B].items() if k not in ("architectures", "torch_dtype")}
             write_random_qwen3(folder, **(fields | (QUICK_OVERRIDES if args.quick else {})))
         llm = LLM(folder, dtype=args.dtype, max_num_seqs=1, record_trace=False, enable_prefix_caching=False,
-                  kv_cache_memory=64 << 20, model_backend=args.backend, quantization=args.quantization)
+                  kv_cache_memory=64 << 20, model_backend=args.backend, quantization=args.quantization,
+                  attention_backend=args.attention_backend)
         instrument(llm)
         runs = [profile_steps(llm, args.steps, args.prompt_tokens) for _ in range(args.repeats)]
     print(f"{folder if args.checkpoint else QWEN3_0_6B + ' shape, random weights'}; backend {llm.model_backend}, "
+          f"attention {llm.engine.attention_backend.name}, "
           f"{args.dtype}, quantization {args.quantization}; {torch.get_num_threads()} torch threads; "
           f"{args.steps} steps x {args.repeats} repeats, median [min-max] ms per step")
     step = statistics.median(r["step_ms"] for r in runs)
