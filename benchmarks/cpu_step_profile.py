@@ -43,6 +43,7 @@ from minilm_engine.model.attention import context as attention_context
 from minilm_engine.worker import model_runner
 from minilm_engine.course.experiments.quantization import write_random_qwen3
 from minilm_engine.model import decoder, fused_cpu
+from minilm_engine.model.quantization.linear import QuantizedLinear
 from minilm_engine.course.known_configs import KNOWN_CONFIGS
 
 CATEGORIES = ("matmul", "attention", "norms", "rotary", "sampling")
@@ -61,9 +62,8 @@ def instrument(llm: LLM) -> None:
     for module in llm.model.modules():
         if isinstance(module, (decoder.RMSNorm, fused_cpu.HeadwiseRMSNorm)):
             module.forward = timed("norms", module.forward)
-        elif isinstance(module, (torch.nn.Linear, fused_cpu.FusedLinear, fused_cpu.MatVecHead)) or \
-                type(module).__name__.startswith("Quantized"):
-            module.forward = timed("matmul", module.forward)
+        elif isinstance(module, (torch.nn.Linear, fused_cpu.FusedLinear, fused_cpu.MatVecHead, QuantizedLinear)):
+            module.forward = timed("matmul", module.forward)  # (a QuantizedGroup only calls these)
     attention_context.PagedAttention.attend = timed("attention", attention_context.PagedAttention.attend)
     model_runner.sample_requests = timed("sampling", model_runner.sample_requests)
     decoder.apply_rotary = timed("rotary", decoder.apply_rotary)
@@ -99,7 +99,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a tiny config (seconds)")
     parser.add_argument("--backend", default="fused", choices=fused_cpu.MODEL_BACKENDS)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--quantization", default=None, help="int8 / int4 (the readable decoder runs them)")
+    parser.add_argument("--attention-backend", default="auto", help="auto (the CPU backend), torch, cpu")
+    parser.add_argument("--quantization", default=None, help="int8 / int4 (quantized projections)")
     parser.add_argument("--steps", type=int, default=8, help="profiled decode steps per repeat")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=16)
@@ -115,10 +116,12 @@ def main(argv=None) -> int:
             fields = {k: v for k, v in KNOWN_CONFIGS[QWEN3_0_6B].items() if k not in ("architectures", "torch_dtype")}
             write_random_qwen3(folder, **(fields | (QUICK_OVERRIDES if args.quick else {})))
         llm = LLM(folder, dtype=args.dtype, max_num_seqs=1, record_trace=False, enable_prefix_caching=False,
-                  kv_cache_memory=64 << 20, model_backend=args.backend, quantization=args.quantization)
+                  kv_cache_memory=64 << 20, model_backend=args.backend, quantization=args.quantization,
+                  attention_backend=args.attention_backend)
         instrument(llm)
         runs = [profile_steps(llm, args.steps, args.prompt_tokens) for _ in range(args.repeats)]
     print(f"{folder if args.checkpoint else QWEN3_0_6B + ' shape, random weights'}; backend {llm.model_backend}, "
+          f"attention {llm.engine.attention_backend.name}, "
           f"{args.dtype}, quantization {args.quantization}; {torch.get_num_threads()} torch threads; "
           f"{args.steps} steps x {args.repeats} repeats, median [min-max] ms per step")
     step = statistics.median(r["step_ms"] for r in runs)

@@ -12,7 +12,11 @@ The functions are the course's (`course/experiments/roofline.py`), which chapter
     predicted(B) = max(weight bytes / read bandwidth, 2 * matmul params * B / matmul FLOP/s)
 
 A cell is the median of the rounds' median steps, with the rounds' spread [min-max], and the
-ratio to the prediction in brackets (1.0x: the step is the roofline).
+ratio to the prediction in brackets (1.0x: the step is the roofline).  Each precision ends with
+its ridge B*, and with the same model on the datasheet constants of an H100 and a T4
+(`roofline.DATASHEETS`): predicted steps labelled modelled, with their source; nothing there is
+measured here.  Where a quantized precision and bf16 both ran, a last table gives the quantized
+step over the bf16 step at each B (the issue's goal: at most 1.0x up to B = 32).
 
     python benchmarks/roofline.py --threads 2             # full size: a few minutes
     python benchmarks/roofline.py --quick                 # a tiny config: seconds (the smoke test)
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -34,7 +39,7 @@ from minilm_engine import LLM
 from minilm_engine.course.experiments.batching import hardware_summary
 from minilm_engine.course.experiments.quantization import write_random_qwen3
 from minilm_engine.course.experiments.real_shape import default_dtype
-from minilm_engine.course.experiments.roofline import measure_roofline, step_cost, time_steps
+from minilm_engine.course.experiments.roofline import DATASHEETS, measure_roofline, step_cost, time_steps
 from minilm_engine.course.known_configs import KNOWN_CONFIGS
 from minilm_engine.model.fused_cpu import fuse_for_cpu
 from minilm_engine.model.quantization.kernels import cpu_compiled, cpu_dense
@@ -73,7 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny config, one round (the smoke test)")
     parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16, int8, int4")
-    parser.add_argument("--batch-sizes", default="1,2,4,8,16")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4, help="decode steps timed per cell and round")
     parser.add_argument("--num-layers", type=int, default=None, help="fewer layers (same shapes per layer)")
@@ -120,6 +125,14 @@ def main() -> None:
                                         "kernel_s": list(kernel.step_s), "torch_s": list(plain.step_s)})
             print(f"{precision:>9} ridge B* = {ridge:.0f} (weights {cost.weight_bytes / 1e6:.0f} MB, "
                   f"{cost.num_matmul_params / 1e6:.0f}M matmul params)")
+            for sheet in DATASHEETS.values():  # the same step on a datasheet's ceilings: modelled
+                steps = ", ".join(f"B={b} {sheet.roofline.step_s(cost, b) * 1e3:.2f} ms" for b in batch_sizes)
+                print(f"{precision:>9} modelled, {sheet.name} ({sheet.source}): {steps}; "
+                      f"ridge B* = {sheet.roofline.ridge(cost):.0f}")
+                results.setdefault("modelled", []).append(
+                    {"precision": precision, "device": sheet.name, "source": sheet.source,
+                     "ridge": sheet.roofline.ridge(cost),
+                     "step_s": {b: sheet.roofline.step_s(cost, b) for b in batch_sizes}})
             if precision in DTYPES:  # the rows up to which each shape runs the kernel, as measured here
                 crossovers = {f"{n}x{k}": rows for (n, k, dtype, _), rows in cpu_dense.measured_crossovers().items()
                               if dtype == getattr(torch, DTYPES[precision])}
@@ -127,8 +140,21 @@ def main() -> None:
                 print(f"{precision:>9} micro-kernel up to rows: " + ", ".join(f"{s} {r}" for s, r in crossovers.items()))
             del models
             gc.collect()
+    quantized_over_bf16(results["rows"], batch_sizes)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+
+
+def quantized_over_bf16(rows: list[dict], batch_sizes: list[int]) -> None:
+    """The quantized step over the bf16 step (both with the micro-kernel) at each B, where both ran."""
+    median = {(r["precision"], r["batch_size"]): statistics.median(r["kernel_s"]) for r in rows}
+    quantized = [p for p in SCHEMES if (p, batch_sizes[0]) in median]
+    if "bf16" not in {p for p, _ in median} or not quantized:
+        return
+    print("\nquantized step / bf16 step (with the micro-kernel; the goal: at most 1.00x up to B = 32)")
+    print(f"{'B':>3} " + " ".join(f"{p:>8}" for p in quantized))
+    for b in batch_sizes:
+        print(f"{b:>3} " + " ".join(f"{median[p, b] / median['bf16', b]:7.2f}x" for p in quantized))
 
 
 if __name__ == "__main__":

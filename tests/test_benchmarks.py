@@ -114,14 +114,14 @@ def test_cpu_decode_benchmark_reports_every_system_against_transformers_and_the_
     llama = [] if "skipped" in data["llama_cpp"] else ["llama.cpp bf16", "llama.cpp q8_0", "llama.cpp q4_0"]
     assert list(data["batch1"]) == engines + quantized + hf + llama
     # the fused backend really ran (it did not fall back) wherever it can: bf16 only on a CPU whose
-    # oneDNN has bf16; quantized models keep their own kernels on the readable decoder
+    # oneDNN has bf16; quantized models run it too (their projections keep their own kernels)
     chefs = ["noodle-chef reference, fp32", "noodle-chef fused, fp32"]
     def backend(label: str) -> str:
         fused_runs = "fp32" in label or native_bf16_matmul()
         return label.split()[1].rstrip(",") if fused_runs else "reference"
 
     assert data["model_backends"] == {**{label: backend(label) for label in engines},
-                                      **{label: "reference" for label in quantized},
+                                      **{label: "fused" for label in quantized},
                                       **{label: label.split()[1].rstrip(",") for label in chefs}}
     # part 4: the shipped chef against its own floor (issue 22: within 2x)
     assert "4. the shipped noodle-chef" in out and list(data["chef"]) == chefs
@@ -212,3 +212,11 @@ def test_structured_outputs_benchmark_prints_the_overhead_and_the_mask(tmp_path)
     out = run([sys.executable, "structured_outputs.py", "--quick", "--threads", "1"], ROOT / "benchmarks").stdout
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["4"])]
     assert len(rows) == 4 and rows[0][-1].endswith("%") and "the mask alone" in out, out
+
+
+def test_attention_benchmark_times_both_backends_on_prefill_and_decode(tmp_path):
+    out = run([sys.executable, "attention.py", "--quick", "--threads", "1", "--json", str(tmp_path / "a.json")],
+              ROOT / "benchmarks").stdout
+    data = json.loads((tmp_path / "a.json").read_text())
+    assert [r["step"] for r in data["rows"]] == ["prefill T=64", "decode B=8 C=64"], out
+    assert all(len(r["torch_s"]) == len(r["cpu_s"]) == 1 for r in data["rows"])

@@ -81,10 +81,10 @@ def test_fused_in_bf16_gives_the_readable_bf16_tokens(checkpoint, prompts):
 
 
 def test_fused_falls_back_with_the_reason_where_it_cannot_run(checkpoints):
-    with pytest.warns(UserWarning, match="falls back to the readable model: .*QuantizedLinear"):
-        llm = LLM(checkpoints["llama"].path, quantization="int8", model_backend="fused",
-                  record_trace=False, kv_cache_memory=8 << 20)
-    assert llm.model_backend == "reference"
+    llm = LLM(checkpoints["llama"].path, model_backend="reference", record_trace=False, kv_cache_memory=8 << 20)
+    llm.model.model.layers[0].self_attn.q_proj = torch.nn.Identity()  # a projection it does not know
+    with pytest.warns(UserWarning, match="falls back to the readable model: .*Identity"):
+        assert apply_model_backend(llm.model, "fused") == "reference"
     with pytest.warns(UserWarning, match="oneDNN packs fp32 and bf16"):
         llm = LLM(checkpoints["llama"].path, dtype="float16", model_backend="fused",
                   record_trace=False, kv_cache_memory=8 << 20)
@@ -104,7 +104,7 @@ def test_the_default_backend_comes_from_the_environment(checkpoints, monkeypatch
     assert LLM(path, model_backend="reference", **args).model_backend == "reference"  # the argument wins
     with warnings.catch_warnings():  # where it cannot run it falls back quietly: nobody asked this model
         warnings.filterwarnings("error", message=".*falls back")
-        assert LLM(path, quantization="int8", **args).model_backend == "reference"
+        assert LLM(path, dtype="float16", **args).model_backend == "reference"
     monkeypatch.setenv("MINILM_MODEL_BACKEND", "compiled")
     with pytest.raises(ValueError, match=r"\$MINILM_MODEL_BACKEND must be one of"):
         LLM(path, **args)
@@ -212,3 +212,30 @@ def test_a_fixed_crossover_from_the_environment(cpu_microkernel, monkeypatch):
     monkeypatch.setenv(cpu_dense.CROSSOVER_ENV, "many")
     with pytest.raises(ValueError, match="MINILM_DENSE_CROSSOVER_ROWS"):
         cpu_dense.crossover_rows(cpu_microkernel, weight)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantized_models_run_the_fused_path_with_the_readable_tokens(checkpoint, prompts, scheme, cpu_microkernel):
+    # The quantized projections stay themselves (their codes, their CPU kernel, their names);
+    # the layer around them and the head run fused.  The same bits per projection, so the
+    # same greedy tokens, one request and a batch.
+    from minilm_engine.model.fused_cpu import QuantizedGroup
+    from minilm_engine.model.quantization.linear import QuantizedLinear
+
+    reference, fused = engines(checkpoint.path, quantization=scheme, quantization_config={"kernel": "cpu"})
+    assert fused.model_backend == "fused"
+    layer = fused.model.model.layers[0]
+    assert isinstance(layer.self_attn, FusedAttention) and isinstance(layer.self_attn.qkv_proj, QuantizedGroup)
+    assert isinstance(layer.mlp.gate_up_proj, QuantizedGroup) and isinstance(layer.mlp.down_proj, QuantizedLinear)
+    assert layer.self_attn.q_proj.kernel.name == "cpu" and layer.self_attn.q_proj.kernel.runs_microkernel(layer.self_attn.q_proj)
+    assert isinstance(fused.model.lm_head, MatVecHead)
+    # What was loaded is still there under its names, counted once.
+    assert set(fused.model.state_dict()) == set(reference.model.state_dict())
+    assert fused.weight_bytes == reference.weight_bytes
+    for prompt in prompts[:2]:
+        (want,) = reference.generate([prompt], GREEDY, use_tqdm=False)
+        (got,) = fused.generate([prompt], GREEDY, use_tqdm=False)
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    batched = fused.generate(prompts, GREEDY, use_tqdm=False)
+    alone = reference.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in batched] == [o.outputs[0].token_ids for o in alone]

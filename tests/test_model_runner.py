@@ -123,13 +123,14 @@ def test_the_runner_reuses_its_input_storage_from_step_to_step(checkpoints):
     assert seen[0] == {runner.input_buffer.on_device.untyped_storage().data_ptr()}  # one buffer, all of them
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("num_requests", [1, 5])
-def test_the_torch_backend_forward_reads_nothing_back(checkpoints, monkeypatch, num_requests):
+def test_the_torch_backend_forward_reads_nothing_back(checkpoints, monkeypatch, num_requests, backend):
     """The plan comes from the metadata's host copies: inside the forward pass (planning and
     every layer) no tensor is read back, where the plan once read three (`.cpu()` of the
     offsets, the lengths and the tables)."""
-    engine = decoding_engine(checkpoints["qwen3"].path, num_requests=num_requests)
-    assert engine.attention_backend.name == "torch"
+    engine = decoding_engine(checkpoints["qwen3"].path, num_requests=num_requests, attention_backend=backend)
+    assert engine.attention_backend.name == backend
     model = engine.runner.model
     forward = model.forward
     counts = []

@@ -16,6 +16,7 @@ does.  Every slot nobody writes holds NaN: reading one would poison the output.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -25,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from minilm_engine.model.attention import attention, paged
+from minilm_engine.model.attention import cpu_compiled as attention_cpu_compiled
+from minilm_engine.model.attention.cpu import CpuBackend
 from minilm_engine.model.attention.backends import TORCH_BACKEND, TorchBackend
 from minilm_engine.model.attention.context import PagedAttention
 from minilm_engine.model.attention.paged import (
@@ -321,3 +324,118 @@ def test_a_pure_decode_step_needs_no_query_gather():
     out = paged_attention_reference(q, k_cache, v_cache, meta)
     assert TORCH_BACKEND.plan(meta, 3, k_cache.shape[2]).covers_all_rows
     torch.testing.assert_close(out, torch.cat([dense_causal(s) for s in seqs]))
+
+
+# ---------------------------------------------------------------------- the CPU backend == the reference
+# attention/cpu.py: SDPA for prompts and chunks, the compiled paged decode (or SDPA over a copy
+# without it) for decodes.  Each must give the reference's output, whatever the step mixes.
+def cpu_backends(cpu_attention_kernel):
+    return {"kernel": CpuBackend(cpu_attention_kernel), "sdpa": CpuBackend(None)}
+
+
+@pytest.fixture(scope="module")
+def cpu_attention_kernel():
+    """The compiled paged decode (attention/cpu_paged_decode.cpp); a skip where it cannot be
+    built (a failure under MINILM_REQUIRE_MICROKERNEL=1, as CI sets it)."""
+    module = attention_cpu_compiled.load()
+    if module is None:
+        reason = f"the CPU paged decode cannot be built here: {attention_cpu_compiled.unavailable_reason()}"
+        if os.environ.get("MINILM_REQUIRE_MICROKERNEL") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return module
+
+
+def check_backend_against_reference(backend, seqs, k_cache, v_cache, block_size, rng, tolerance):
+    write_prefix(seqs, k_cache, v_cache, rng)
+    q, k, v, meta = this_step(seqs, block_size)
+    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    want = paged_attention_reference(q, k_cache, v_cache, meta)
+    plan = backend.plan(meta, block_size, k_cache.shape[2])
+    got = backend.attend(q, k_cache, v_cache, plan)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), **tolerance)
+    return plan
+
+
+@pytest.mark.parametrize("path", ["kernel", "sdpa"])
+@pytest.mark.parametrize("ratio", GQA_RATIOS)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("seed", range(4))
+def test_cpu_backend_matches_the_reference(seed, block_size, ratio, path, cpu_attention_kernel):
+    rng = random.Random(seed * 1000 + block_size * 10 + ratio)
+    seqs, k_cache, v_cache = random_case(rng, ratio, block_size)
+    backend = cpu_backends(cpu_attention_kernel)[path]
+    check_backend_against_reference(backend, seqs, k_cache, v_cache, block_size, rng, {})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [40, 64, 128])  # the kernel's vector loops and their tails
+@pytest.mark.parametrize("kind", ["decodes", "mixed"])
+def test_cpu_backend_at_model_head_sizes(kind, head_dim, dtype, cpu_attention_kernel):
+    rng = random.Random(head_dim)
+    gen = torch.Generator().manual_seed(head_dim)
+    block_size, num_kv_heads, num_heads = 16, 2, 4
+    shapes = [(rng.randint(1, 100), 1) for _ in range(4)]
+    if kind == "mixed":
+        shapes += [(60, 60), (90, 7)]  # a whole prompt, a chunk after a prefix (a verify step)
+    blocks = [-(-length // block_size) for length, _ in shapes]
+    ids = list(range(sum(blocks) + 2))
+    rng.shuffle(ids)
+    seqs = []
+    for (length, num_queries), n in zip(shapes, blocks):
+        table, ids = ids[:n], ids[n:]
+        keys, values = torch.randn(2, length, num_kv_heads, head_dim, generator=gen).to(dtype)
+        queries = torch.randn(num_queries, num_heads, head_dim, generator=gen).to(dtype)
+        seqs.append(PagedSeq(keys, values, queries, table))
+    shape = (sum(blocks) + 2, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.full(shape, float("nan"), dtype=dtype), torch.full(shape, float("nan"), dtype=dtype)
+    # bf16: the reference rounds the scores and the probabilities to bf16, the backend keeps them
+    # in float32; the two differ by a few bf16 steps of outputs of size ~1.
+    tolerance = {} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 2e-2}
+    for path, backend in cpu_backends(cpu_attention_kernel).items():
+        plan = check_backend_against_reference(backend, seqs, k_cache.clone(), v_cache.clone(), block_size,
+                                               random.Random(0), tolerance)
+        assert plan.covers_all_rows == (kind == "decodes") and len(plan.chunks) == (2 if kind == "mixed" else 0), path
+
+
+def test_auto_is_the_cpu_backend_on_a_cpu(cpu_attention_kernel):
+    from minilm_engine.model.attention.backends import get_attention_backend
+
+    backend = get_attention_backend("auto", "cpu", torch.float32)
+    assert backend.name == "cpu" and backend.micro is cpu_attention_kernel
+    assert get_attention_backend("cpu", "cpu").name == "cpu"
+    assert get_attention_backend("torch", "cpu") is TORCH_BACKEND
+
+
+def test_the_decode_kernel_refuses_what_it_cannot_read(cpu_attention_kernel):
+    q = torch.randn(1, 2, 8)
+    cache = torch.zeros(3, 4, 1, 8)
+    tables, lens = torch.tensor([[0, 1]]), torch.tensor([5])
+    cpu_attention_kernel.paged_decode(q, cache, cache, tables, lens)  # fine
+    with pytest.raises(RuntimeError, match="block id outside the cache"):
+        cpu_attention_kernel.paged_decode(q, cache, cache, torch.tensor([[0, 7]]), lens)
+    with pytest.raises(RuntimeError, match="context_lens must be in"):
+        cpu_attention_kernel.paged_decode(q, cache, cache, tables, torch.tensor([9]))
+    with pytest.raises(RuntimeError, match="one dtype"):
+        cpu_attention_kernel.paged_decode(q.bfloat16(), cache, cache, tables, lens)
+
+
+def test_the_engine_on_the_cpu_backend_gives_the_reference_tokens_and_logits(checkpoint, prompts, cpu_attention_kernel):
+    # Whole generations (prompts, then decodes over the paged cache, some steps mixing both):
+    # greedy tokens equal to the torch reference's, and the logits of every step close.
+    from minilm_engine import LLM, SamplingParams
+
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1)
+    args = dict(record_trace=False, kv_cache_memory=8 << 20, max_num_batched_tokens=64)
+    reference = LLM(checkpoint.path, attention_backend="torch", **args)
+    fast = LLM(checkpoint.path, attention_backend="auto", **args)
+    assert fast.engine.attention_backend.name == "cpu" and reference.engine.attention_backend.name == "torch"
+    want = reference.generate(prompts, greedy, use_tqdm=False)
+    got = fast.generate(prompts, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    for g, w in zip(got, want):
+        ids = w.outputs[0].token_ids
+        got_lp = [step[t].logprob for step, t in zip(g.outputs[0].logprobs, ids)]
+        want_lp = [step[t].logprob for step, t in zip(w.outputs[0].logprobs, ids)]
+        torch.testing.assert_close(torch.tensor(got_lp), torch.tensor(want_lp), rtol=1e-4, atol=1e-4)

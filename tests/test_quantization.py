@@ -166,11 +166,13 @@ def test_cpu_kernel_equals_the_reference_around_its_threshold(config, native_bf1
     calls = []
     many_rows = kernel._many_rows
     monkeypatch.setattr(kernel, "_many_rows", lambda layer, x: calls.append(x.shape[0]) or many_rows(layer, x))
-    if kernel.runs_microkernel(fast):
-        most = cpu.microkernel_max_rows(config.scheme, torch.bfloat16)
-        assert most == (None if config.scheme == "int8" and not native_bf16 else cpu.MICROKERNEL_MAX_ROWS)
+    most = cpu.microkernel_max_rows(config.scheme, torch.bfloat16)
+    if native_bf16:  # measured there: int8's micro-kernel up to 16 rows, int4's operator always
+        assert most == {"int8": 16, "int4": 0}[config.scheme]
     else:
-        most = cpu.CPU_OP_MAX_ROWS[config.scheme]
+        assert most == (None if config.scheme == "int8" else cpu.MICROKERNEL_MAX_ROWS)
+    if not kernel.runs_microkernel(fast) or most == 0:
+        most = cpu.CPU_OP_MAX_ROWS[config.scheme]  # torch's operators, then dequantize + BLAS
     edge = most or cpu.MICROKERNEL_MAX_ROWS  # int8 without native bf16: the micro-kernel at any M
     for M in (1, 4, edge - 1, edge, edge + 1, 2 * edge + 3):
         x = torch.randn(M, 320).bfloat16()
@@ -479,7 +481,7 @@ def test_quantized_lm_head_fast_equals_reference_and_reloads(checkpoints, prompt
     fast = BaselineLLM(source, quantization=scheme, quantization_config=options, strategy="kv_cache")
     head, embedding = fast.model.lm_head, fast.model.model.embed_tokens
     assert isinstance(head, QuantizedLinear) and head.kernel.name == "cpu"
-    assert isinstance(plain.model.lm_head, nn.Linear)
+    assert not isinstance(plain.model.lm_head, QuantizedLinear)  # nn.Linear, or the fused path's MatVecHead
     # untied: the head's float weight is gone; tied: the embedding keeps the table, so the
     # quantized head is extra memory (what a decode step reads per token still shrinks)
     tied = fast.config.tie_word_embeddings

@@ -81,7 +81,7 @@ def test_decode_speed_table_pairs_every_run_with_a_baseline_run(monkeypatch):
     assert [r["setting"] for r in rows] == ["fp32", "int8", "int4 g32"]
     assert [len(r["runs"]) for r in rows] == [3, 3, 3] and [len(r["ratios"]) for r in rows] == [1, 3, 3]  # the baseline is its own ratio
     assert rows[0]["speedup"] == 1.0 and rows[0]["kernel"] == "-" and rows[1]["kernel"] != "-"
-    assert rows[1]["backend"] == "reference"  # quantized models keep the readable decoder
+    assert rows[1]["backend"] == "fused"  # quantized models run the fused CPU path too
     # a run right after its baseline run sees twice the load: ratio = bytes ratio / 2, each pair
     for r in rows[1:]:
         assert r["speedup"] == pytest.approx(r["weight_bytes"] / rows[0]["weight_bytes"] / 2)

@@ -27,7 +27,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # on a GPU, share of memory the engine may fill
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    attention_backend: str = "auto"  # "torch" (reference), "triton" (kernels), "auto": triton on CUDA
+    attention_backend: str = "auto"  # "torch" (reference), "cpu", "triton" (kernels); "auto": triton on CUDA, cpu on a CPU
     enforce_eager: bool = False  # True: never capture CUDA graphs (they are used on CUDA with triton)
     # Keep a StepRecord of every step in engine.trace (widgets and chapters read it).  A record
     # copies every running request's block table, so long benchmark or serving runs turn it off.

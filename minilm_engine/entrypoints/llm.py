@@ -45,7 +45,7 @@ class LLM:
             `llm.kv_budget.describe()` shows the arithmetic).
         **engine_args: `EngineConfig` fields: max_num_seqs, max_num_batched_tokens, block_size,
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization, enable_prefix_caching,
-            enable_chunked_prefill, attention_backend ("auto", "torch", "triton"), enforce_eager
+            enable_chunked_prefill, attention_backend ("auto", "torch", "cpu", "triton"), enforce_eager
             (True: no CUDA graphs for decode steps; they are captured on CUDA with Triton),
             record_trace (False: keep no per-step records in `llm.engine.trace`),
             scheduling_policy ("fcfs", the default, or "priority": requests served by their

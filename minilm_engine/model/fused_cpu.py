@@ -3,12 +3,13 @@
 Contract: `apply_model_backend(model, "fused")` takes a loaded `CausalLM` (loaded name for name
 from the checkpoint, as always) and swaps, in every layer, the attention and the MLP for
 modules doing the same math with fewer, faster matmuls; `model/decoder.py` is untouched, and
-`"reference"` leaves the model as it is.  Where the fast path cannot run (not a CPU, a dtype
-other than fp32 / bf16, quantized projections) it warns with the reason and keeps the readable
-model; where the micro-kernel cannot be built it says why once and runs torch's matmuls.
+`"reference"` leaves the model as it is.  Quantized projections (int8 / int4 `QuantizedLinear`s)
+stay themselves, run by their own kernel (the CPU micro-kernel's `int8_mm` / `int4_mm`), grouped
+by input (`QuantizedGroup`); the rest of the layer and the head run fused.  Where the fast path
+cannot run (not a CPU, a dtype other than fp32 / bf16) it warns with the reason and keeps the
+readable model; where the micro-kernel cannot be built it says why once and runs torch's matmuls.
 `resolve_model_backend(None)` reads the default from `$MINILM_MODEL_BACKEND`, "fused" when unset:
-the fast path is on wherever it runs, and a default that cannot run here (a GPU, fp16, quantized
-projections) falls back to the readable model without a warning (it asked for "fused wherever
+the fast path is on wherever it runs, and a default that cannot run here (a GPU, fp16) falls back to the readable model without a warning (it asked for "fused wherever
 it runs", not for this model).  `MINILM_MODEL_BACKEND=reference` runs everything, the whole test
 suite included, on the readable decoder.
 
@@ -55,6 +56,7 @@ from minilm_engine.model.device import native_bf16_matmul
 from minilm_engine.model.decoder import MLP, Attention, CausalLM
 from minilm_engine.model.quantization.kernels import cpu_compiled
 from minilm_engine.model.quantization.kernels.cpu_dense import DenseMatmul
+from minilm_engine.model.quantization.linear import QuantizedLinear
 from minilm_engine.model.rope import apply_rotary
 
 MODEL_BACKENDS = ("reference", "fused")
@@ -92,6 +94,27 @@ class FusedLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+class QuantizedGroup(nn.Module):
+    """Several quantized projections of the same input (`QuantizedLinear`s: int8 or int4 codes
+    in their kernel's layout, the CPU micro-kernel's after `prepare`), their outputs side by
+    side: what `FusedLinear` is for plain weights.  Each keeps its codes and its kernel, so each
+    output has the bits the readable quantized model computes.  The projections are held in a
+    plain list, not registered here: the fused modules register them under their checkpoint
+    names (`self_attn.q_proj`, ...), so state_dict names, `save_quantized` and
+    `quantization.weight_bytes` see the model they loaded."""
+
+    def __init__(self, linears: list[nn.Module]):
+        super().__init__()
+        self.linears = list(linears)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([linear(x) for linear in self.linears], dim=-1)
+
+
+def quantized(linears: list[nn.Module]) -> bool:
+    return any(isinstance(linear, QuantizedLinear) for linear in linears)
+
+
 class HeadwiseRMSNorm(nn.Module):
     """Several `decoder.RMSNorm`s of one size applied at once, one per head: x (..., heads, D)
     -> head h normalised with norms[h]'s weight, by `decoder.RMSNorm`'s steps (the same bits)."""
@@ -122,8 +145,12 @@ class FusedAttention(nn.Module):
         super().__init__()
         self.layer_idx = attn.layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        self.qkv_proj = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj], micro)
-        self.o_proj = FusedLinear([attn.o_proj], micro)
+        if quantized([attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]):  # kept, under their names
+            self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+            self.qkv_proj = QuantizedGroup([attn.q_proj, attn.k_proj, attn.v_proj])
+        else:
+            self.qkv_proj = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj], micro)
+            self.o_proj = FusedLinear([attn.o_proj], micro)
         self.qk_dim = (self.num_heads + self.num_kv_heads) * self.head_dim  # q and k, side by side
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         # Kept as the checkpoint's weights (`LLM.weight_bytes` counts them); the step runs
@@ -152,8 +179,12 @@ class FusedMLP(nn.Module):
     def __init__(self, mlp: MLP, micro=None):
         super().__init__()
         self.intermediate_size = mlp.gate_proj.out_features
-        self.gate_up_proj = FusedLinear([mlp.gate_proj, mlp.up_proj], micro)
-        self.down_proj = FusedLinear([mlp.down_proj], micro)
+        if quantized([mlp.gate_proj, mlp.up_proj, mlp.down_proj]):  # kept, under their names
+            self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+            self.gate_up_proj = QuantizedGroup([mlp.gate_proj, mlp.up_proj])
+        else:
+            self.gate_up_proj = FusedLinear([mlp.gate_proj, mlp.up_proj], micro)
+            self.down_proj = FusedLinear([mlp.down_proj], micro)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -189,9 +220,9 @@ def fused_unavailable(model: CausalLM) -> str | None:
     if model.dtype == torch.bfloat16 and not native_bf16_matmul() and cpu_compiled.load() is None:
         return f"this CPU has no bf16 support in oneDNN, and no micro-kernel ({cpu_compiled.unavailable_reason()})"
     layer = model.model.layers[0]
-    if type(layer.self_attn.q_proj) is not nn.Linear or type(layer.mlp.up_proj) is not nn.Linear:
-        return (f"the projections are {type(layer.self_attn.q_proj).__name__}, not nn.Linear "
-                "(quantized models keep their own kernels)")
+    projections = {type(layer.self_attn.q_proj), type(layer.mlp.up_proj)}
+    if not projections <= {nn.Linear, QuantizedLinear}:
+        return f"the projections are {sorted(t.__name__ for t in projections)}, not nn.Linear or QuantizedLinear"
     return None
 
 

@@ -46,8 +46,8 @@ class Setting:
     quantization: str | None = None
     options: dict = field(default_factory=dict)
     dtype: str = "auto"  # the model dtype (activations, scales, unquantized weights)
-    # LLM's model_backend: None is the default (the fused CPU path where it runs; a quantized
-    # model keeps the readable decoder), "reference" the readable decoder for this row too.
+    # LLM's model_backend: None is the default (the fused CPU path where it runs, quantized
+    # models included), "reference" the readable decoder for this row too.
     model_backend: str | None = None
 
 

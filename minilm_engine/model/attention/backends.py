@@ -16,9 +16,11 @@ planned by two backends gives two plans.  `attend(q, k_cache, v_cache, meta)` (m
 of a plan) plans on the spot, for one-off calls.
 
     "torch"   the reference: readable, runs anywhere, the definition the others are tested against
+    "cpu"     `cpu.py`: torch's SDPA for prompts and chunks (no T x T scores written) and a
+              compiled decode kernel that reads each cached key once, in place (no gather)
     "triton"  the kernels of triton_*.py: on a CUDA GPU, or on the CPU under the Triton
               interpreter (TRITON_INTERPRET=1 set before they are imported; slow, for tests)
-    "auto"    "triton" on a CUDA GPU when Triton imports, "torch" otherwise (the CPU default)
+    "auto"    "triton" on a CUDA GPU when Triton imports, "cpu" on a CPU, "torch" otherwise
 
 Asking for "triton" where it cannot run is not an error: the engine warns, says why, and runs
 the torch reference instead.
@@ -41,14 +43,14 @@ from minilm_engine.model.attention.paged import (
     write_kv_reference,
 )
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 class AttentionBackend(ABC):
     """Plan once per step, then write K/V and attend once per layer (see the module doc)."""
 
-    name: str  # "torch" or "triton": what actually runs, once "auto" is resolved
+    name: str  # "torch", "cpu" or "triton": what actually runs, once "auto" is resolved
 
     @abstractmethod
     def plan(self, meta: PagedAttentionMetadata, block_size: int, num_kv_heads: int):
@@ -189,11 +191,21 @@ def make_triton_backend(num_sms: int = 0) -> TritonBackend:
 def get_attention_backend(
     name: str, device: torch.device | str, dtype: torch.dtype = torch.float32
 ) -> AttentionBackend:
-    """Resolve "auto" | "torch" | "triton" for a model on `device` in `dtype` (see module doc)."""
+    """Resolve "auto" | "torch" | "cpu" | "triton" for a model on `device` in `dtype` (see module doc)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
     device = torch.device(device)
-    if name == "torch" or (name == "auto" and device.type != "cuda"):
+    if name == "torch":
+        return TORCH_BACKEND
+    if name == "cpu" or (name == "auto" and device.type == "cpu"):
+        if device.type != "cpu":
+            warnings.warn(f"attention_backend='cpu' runs on the CPU and the model is on {device}. "
+                          "Using the torch reference.", stacklevel=2)
+            return TORCH_BACKEND
+        from minilm_engine.model.attention.cpu import make_cpu_backend  # imports this module
+
+        return make_cpu_backend()
+    if name == "auto" and device.type != "cuda":
         return TORCH_BACKEND
     reason = triton_unavailable_reason(device, dtype)
     if reason is None:

@@ -7,8 +7,9 @@ torch runs on, with one copy of each weight in memory.
 
     rows of x (M)              what runs                                  why
     int8: any M, int4: <= 64   the micro-kernel (`microkernel_max_rows`;  reads int8 / int4 once per
-    (int8 too, <= 64, for bf16 cpu_compiled.load() builds it for this  call, converts each weight
-    on a CPU with native bf16) CPU; fp32 or bf16 activations)          once per 6 rows of x
+    (bf16 x where bf16 is      cpu_compiled.load() builds it for this  call, converts each weight
+    native: int8 <= 16, int4   CPU; fp32 or bf16 activations)          once per 6 rows of x
+    never: the operator wins)
     more                       dequantize into scratch buffers reused     one conversion per call,
                                across layers, one BLAS matmul (fp32       then BLAS at its peak
                                for bf16 inputs without native bf16)       (prefill, perplexity)
@@ -88,17 +89,25 @@ def tile_int8(codes: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, INT8_TILE_ROWS, K).transpose(1, 2).contiguous()
 
 
-def microkernel_max_rows(scheme: str, dtype: torch.dtype) -> int | None:
-    """Up to how many rows of x the micro-kernel runs (None: any number), else dequantize + BLAS.
+NATIVE_BF16_MAX_ROWS = {"int8": 16, "int4": 0}  # bf16 activations where oneDNN has native bf16
 
-    The micro-kernel converts each weight once per 6 rows of x, so its cost grows with the rows
-    like a matmul's; BLAS, after one dequantization, runs at its own peak.  Measured with
-    `benchmarks/quantization_kernels.py` on a 2-core AVX2 CPU, 3072 x 1024 layer: int8 codes
-    convert in two instructions, and the micro-kernel still beats fp32 BLAS at 512 rows; int4
-    nibbles cost twice that and lose to dequantize + BLAS past ~64-128 rows; where bf16 matmul
-    is native (AVX-512 BF16, AMX) BLAS on bf16 wins earlier, for both."""
+
+def microkernel_max_rows(scheme: str, dtype: torch.dtype) -> int | None:
+    """Up to how many rows of x the micro-kernel runs (None: any number; 0: none), else torch's
+    operators up to their threshold, then dequantize + BLAS.
+
+    The micro-kernel converts each weight once per 6 rows of x and multiplies in fp32, so its
+    cost grows with the rows like an fp32 matmul's; BLAS, after one dequantization, runs at its
+    own peak.  Measured with `benchmarks/quantization_kernels.py` on a 2-core AVX2 CPU, 3072 x
+    1024 layer: int8 codes convert in two instructions, and the micro-kernel still beats fp32
+    BLAS at 512 rows; int4 nibbles cost twice that and lose to dequantize + BLAS past ~64-128
+    rows.  Where bf16 matmul is native (AVX-512 BF16, AMX) the bf16 dot products run at twice
+    the fp32 rate, and `benchmarks/roofline.py` (Qwen3-0.6B shape, 2026-12-04, a 2-core AVX-512
+    + bf16 EPYC, whole decode steps) measured: int8 micro-kernel 132 ms vs dequantize + BLAS
+    175 ms at 16 rows, 233 vs 203 ms at 32 (so 16 rows); torch's int4 operator faster than the
+    micro-kernel at every B from 1 to 64 (41 vs 47 ms at 1 row, 247 vs 284 at 32), so none."""
     if dtype == torch.bfloat16 and native_bf16_matmul():
-        return MICROKERNEL_MAX_ROWS
+        return NATIVE_BF16_MAX_ROWS[scheme]
     return None if scheme == "int8" else MICROKERNEL_MAX_ROWS
 
 
@@ -284,8 +293,8 @@ class CPUKernel:
         lead, K = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, K).contiguous()  # (M, K): the operators take a matrix
         M = x2.shape[0]
-        if x2.dtype in MICROKERNEL_DTYPES and self.runs_microkernel(layer):
-            max_rows = microkernel_max_rows(layer.scheme, x2.dtype)
+        max_rows = microkernel_max_rows(layer.scheme, x2.dtype)  # 0: the operators, as without it
+        if x2.dtype in MICROKERNEL_DTYPES and self.runs_microkernel(layer) and max_rows != 0:
             y = self._microkernel(layer, x2) if max_rows is None or M <= max_rows else self._many_rows(layer, x2)
         elif layer.scheme == "int8" and hasattr(layer, "cpu_qweight"):
             y = self._many_rows(layer, x2)  # the micro-kernel's tiles: no operator reads them

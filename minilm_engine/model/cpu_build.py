@@ -1,0 +1,79 @@
+"""Building the model's C++ CPU kernels: once per machine, on first use, never fatal.
+
+Contract: `build(prefix, source, functions)` compiles one C++ source with
+`torch.utils.cpp_extension.load_inline` and returns `(module, None)`, or `(None, reason)` where
+it cannot: no C++ compiler, no `ninja`, a failed build, or `MINILM_CPU_MICROKERNEL=0`.  The
+callers (`quantization/kernels/cpu_compiled.py`, `attention/cpu_compiled.py`) keep the module
+for their process and fall back to torch's operators, saying why, when it is None.
+
+Built with `-O3 -march=native` (or `-march=$MINILM_CPU_MARCH`, e.g. `haswell` to build the
+AVX2 code on an AVX-512 machine, as CI's AVX2 rerun does), so the code is the best the CPU's
+vector units allow (AVX2, AVX-512 or NEON).  torch caches builds under
+~/.cache/torch_extensions keyed by the source; the name below also carries the CPU's flags and
+the -march, so two CPUs sharing a home never load each other's build.  A first build takes
+about a minute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+
+from minilm_engine.model.device import cpuinfo_field
+
+ENV_SWITCH = "MINILM_CPU_MICROKERNEL"  # "0": never build, use torch's operators
+MARCH_ENV = "MINILM_CPU_MARCH"  # the -march to build for; "native" when unset
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags (Linux), or the platform's name elsewhere."""
+    return cpuinfo_field("flags", "Features") or platform.processor() or platform.machine()
+
+
+def march() -> str:
+    return os.environ.get(MARCH_ENV, "native")
+
+
+def build_name(prefix: str, source: str, functions: tuple[str, ...], flags: str) -> str:
+    """One name per (CPU flags, -march, source, exported functions), as -march=native code must be."""
+    digest = hashlib.sha256((flags + march() + source + " ".join(functions)).encode()).hexdigest()[:12]
+    return f"{prefix}_{digest}"
+
+
+def missing_tool() -> str | None:
+    """Why nothing can be built here, or None."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return f"{ENV_SWITCH}=0"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler (c++) on PATH"
+    try:
+        from torch.utils.cpp_extension import is_ninja_available
+    except ImportError as e:  # pragma: no cover - every torch we support has it
+        return f"torch.utils.cpp_extension does not import ({e})"
+    if not is_ninja_available():
+        return "`ninja` is not installed (pip install ninja)"
+    return None
+
+
+def build(name: str, source: str, functions: tuple[str, ...]):
+    """(module, None) or (None, why not): compiles `source` as extension `name` (see the module doc)."""
+    reason = missing_tool()
+    if reason is not None:
+        return None, reason
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        module = load_inline(
+            name=name,
+            cpp_sources=[source],
+            functions=list(functions),
+            extra_cflags=["-O3", f"-march={march()}", "-fopenmp"],  # OpenMP: at::parallel_for's threads
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as e:  # a compiler error must not stop a model from loading
+        text = str(e).strip()
+        return None, f"the build failed ({type(e).__name__}: {text.splitlines()[-1] if text else ''})"
+    return module, None
