@@ -33,22 +33,22 @@ from torch import nn
 from minilm_engine.course.experiments.quantization import window_losses
 from minilm_engine.course.teaching.claims import Measurement
 from minilm_engine.model.quantization import QuantizationConfig, calibration, quantize_model
+from minilm_engine.model.quantization.schemes import pad_columns
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def fake_quantize_asym(w: torch.Tensor, bits: int, group_size: int | None) -> torch.Tensor:
     """(N, K) -> (N, K): round each group of `group_size` inputs (None: the whole row) to
-    2**bits levels between its minimum and maximum, and back."""
+    2**bits levels between its minimum and maximum, and back.  A row whose length is not a
+    multiple of the group is padded as the package's INT4 scheme pads it (`pad_columns`)."""
     N, K = w.shape
     g = K if group_size is None else group_size
-    if K % g:
-        raise ValueError(f"in_features {K} is not a multiple of group_size {g}")
-    groups = w.float().view(N, K // g, g)  # (N, G, g)
+    groups = pad_columns(w.float(), g).view(N, -1, g)  # (N, G, g)
     lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
     scale = ((hi - lo) / (2**bits - 1)).clamp(min=1e-12)
     codes = torch.round((groups - lo) / scale).clamp(0, 2**bits - 1)
-    return (codes * scale + lo).view(N, K).to(w.dtype)
+    return (codes * scale + lo).view(N, -1)[:, :K].to(w.dtype)
 
 
 def projections(model: nn.Module) -> dict[str, nn.Linear]:
