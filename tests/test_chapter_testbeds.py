@@ -93,3 +93,13 @@ def test_engine_cost_model_fits_the_round_times() -> None:
     assert fitted.decode_step_s == pytest.approx(12.0)
     assert fitted.draft_step_s + fitted.verify_per_token_s == pytest.approx(3.0)
     assert all(fitted.round_s(k) == pytest.approx(rounds[k]) for k in rounds)
+
+
+def test_claims_are_recorded_beside_the_notebooks() -> None:
+    """`record` writes where scripts/execute_notebooks.py and the claims test look (the course
+    moved under minilm_engine/course/, one folder deeper: a wrong root silently wrote nothing)."""
+    from pathlib import Path
+
+    from minilm_engine.course.teaching import claims
+
+    assert claims.CLAIMS_DIR == Path(__file__).resolve().parents[1] / "notebooks" / "claims"
