@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
-NUMBER = r"(-?\d+(?:\.\d+)?)"
+NUMBER = r"(-?\d+(?:\.\d+)?(?:e[+-]\d+)?)"
 
 
 def _outputs(name: str) -> str:
@@ -46,9 +46,13 @@ def test_07_overload_grows_with_the_run_and_a_capped_client_hides_it() -> None:
     assert due[1] > send[2], "prose: from the due time the wait is longer than from the send"
 
 
-def test_07_littles_law_near_one_where_the_server_kept_up() -> None:
-    low, high = map(float, re.search(rf"where the server kept up: {NUMBER} to {NUMBER}", _outputs("07")).groups())
-    assert 0.7 <= low <= high <= 1.3
+def test_07_littles_law_holds_on_most_rows() -> None:
+    text = _outputs("07")
+    table = text.split("L / (lambda x W)  \n", 1)[1]
+    ratios = [float(line.split()[-1]) for line in table.splitlines() if re.fullmatch(r"\d+\s+\d+\s+\d+\.\d+\s*", line)]
+    assert len(ratios) >= 4
+    close = [r for r in ratios if 0.8 <= r <= 1.2]
+    assert len(close) > len(ratios) / 2  # prose: the two sides agree on most rows
 
 
 def test_07_others_traffic_slows_your_tokens_resolved() -> None:
@@ -75,3 +79,8 @@ def test_08_the_tpot_limit_binds_and_the_modelled_70b_ladder_crosses_ten() -> No
     assert "the limit binds: broken from" in text
     batch1, batch8 = map(float, re.search(rf"modelled: {NUMBER} \$/Mtok at batch 1 -> {NUMBER} at batch 8", text).groups())
     assert batch1 >= 10 > batch8  # prose: tens of dollars at batch 1, under ten at batch 8
+
+
+def test_08_the_half_price_batch_tier_earns_less_per_hour_on_this_cpu() -> None:
+    ratio = float(re.search(rf"at 50% off it earns {NUMBER}x as much per hour", _outputs("08")).group(1))
+    assert ratio < 1  # prose: on this machine the discount does not pay for itself
