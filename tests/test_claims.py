@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import statistics
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -155,10 +154,3 @@ def test_each_record_names_its_machine_and_the_table_says_when_machines_mix(tmp_
     assert machines_of(rows) == {"Some Xeon, AVX-512, 2 cores": ["01"], "not recorded": ["04"],
                                  describe_machine(): ["05"]}
     assert list(machines_of([r for r in rows if r["chapter"] == "05"])) == [describe_machine()]
-
-
-def test_records_go_to_the_notebooks_folder_beside_the_package() -> None:
-    from minilm_engine.course.teaching import claims as claims_module
-
-    root = Path(claims_module.__file__).resolve().parents[3]
-    assert claims_module.CLAIMS_DIR == root / "notebooks" / "claims" and (root / "minilm_engine").is_dir()
