@@ -51,6 +51,11 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def served_name(self) -> str:
+        """The name requests must use (as `ServerProcess.served_name`)."""
+        return self.app.state.serving.served_model_names[0]
+
     def start(self, timeout: float = 30.0) -> ServerThread:
         self._thread = threading.Thread(target=self._run, name="minilm-server", daemon=True)
         self._thread.start()

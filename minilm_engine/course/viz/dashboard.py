@@ -201,18 +201,22 @@ class LedgerDashboard:
         names = [r.rung.name for r in results]
         fig.add_trace(go.Scatter(  # the market price: right of it, every token loses money
             x=[price or 0, price or 0], y=[names[0], names[-1]], mode="lines",
-            line=dict(color="#CF222E", dash="dash"), name="your output price",
-            visible=price is not None), 1, 2)
+            line=dict(color="#CF222E", dash="dash", width=1.5), opacity=0.7, name=f"your output price ({p.money(price or 0)} per Mtok)",
+            visible=price is not None, showlegend=True), 1, 2)
+        # Room on the right for the labels drawn outside the bars (a static renderer clips them).
+        fig.update_xaxes(range=[0, 1.3 * max(tps + [1e-9])], row=1, col=1)
+        fig.update_xaxes(range=[0, 1.35 * max(costs + [price or 0, 1e-9])], row=1, col=2)
         r, k = self.selected, self.selected_index
         fig.update_layout(
             title=dict(text=(
                 f"Optimization pipeline: {r.rung.name} — {tps[k]:,.0f} tokens/s "
                 f"({tps[k] / tps[0]:.1f}x the first rung), {p.money(costs[k], 3)} per Mtok"
                 f"<br><sub>{html.escape(r.measurement.provenance.machine)}, model "
-                f"{html.escape(r.measurement.provenance.model)}; gpu cost "
+                f"{html.escape(r.measurement.provenance.model)}; machine cost "
                 f"{p.money(p.gpu_cost_per_hour)}/h at {p.utilization:.0%} utilization</sub>"),
                 x=0.01, font=dict(size=14)),
-            height=420, margin=dict(t=90, l=170, r=60),
+            height=440, margin=dict(t=110, l=170, r=60),
+            showlegend=price is not None,  # the dashed line's label: a legend of its own
             legend=dict(orientation="h", y=1.12, x=1, xanchor="right"),
             uirevision="pipeline",
         )
@@ -253,7 +257,9 @@ class LedgerDashboard:
                        x=0.01, font=dict(size=14)),
             height=560, margin=dict(t=90, l=170, r=60), uirevision="reuse")
         fig.update_yaxes(autorange="reversed")
-        fig.update_xaxes(rangemode="tozero")
+        for (row, col), values in (((1, 1), per_output), ((1, 2), cached), ((2, 1), ttft), ((2, 2), blocks)):
+            # room for the outside labels, and few enough ticks that wide numbers do not collide
+            fig.update_xaxes(range=[0, 1.3 * max(list(values) + [1e-9])], nticks=4, row=row, col=col)
         return fig
 
     def tables_per_minute(self) -> dict[str, float]:
@@ -286,7 +292,7 @@ class LedgerDashboard:
         p = self.prices
         w = self._widgets
         w["gpu_cost"] = widgets.BoundedFloatText(value=p.gpu_cost_per_hour, min=0.0001, max=1e6,
-                                                 step=0.01, description="GPU cost / h")
+                                                 step=0.01, description="machine / h")
         w["utilization"] = widgets.FloatSlider(value=p.utilization, min=0.05, max=1.0, step=0.05,
                                                description="utilization")
         w["input_price"] = widgets.BoundedFloatText(value=p.input_price_per_mtok or 0, min=0,
