@@ -210,7 +210,7 @@ def _fmt(x: float | None, unit: str) -> str:
 
 # -- the seed claims, judged in one place ---------------------------------------------------------
 
-CLAIMS_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "claims"
+CLAIMS_DIR = Path(__file__).resolve().parents[3] / "notebooks" / "claims"  # teaching -> course -> minilm_engine -> the repository
 
 
 def record(verdict: Verdict, chapter: str, write: bool = True, folder: Path | None = None,
