@@ -88,4 +88,4 @@ def test_case_from_timings_reads_every_step():
     assert case.steps[0].mean_step_ms == pytest.approx(40 / 3)
     assert case.steps[0].p99_step_ms == pytest.approx(19.8)
     assert case.steps[1].p99_step_ms == pytest.approx(20.0)
-    assert "P99 TPOT <= 30" in str(case)
+    assert "P99 ITL (each gap between tokens) <= 30" in str(case)

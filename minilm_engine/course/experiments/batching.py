@@ -598,7 +598,7 @@ def occupancy_figure(results: list, title: str = ""):
     for value, color in enumerate(["#BBBBBB", *palette]):
         colorscale += [[value / num_values, color], [(value + 1) / num_values, color]]
     fig = make_subplots(
-        rows=len(results), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+        rows=len(results), cols=1, shared_xaxes=True, vertical_spacing=0.25,
         subplot_titles=[
             f"{r.policy}: {r.num_steps} steps, {r.utilization:.0%} of seat-steps produce a token"
             for r in results
@@ -620,9 +620,14 @@ def occupancy_figure(results: list, title: str = ""):
                        hovertemplate="seat %{y}, step %{x}: %{text}<extra></extra>"),
             row, 1,
         )
-        fig.update_yaxes(title_text="seat", autorange="reversed", row=row, col=1)
-    fig.update_xaxes(title_text="step", row=len(results), col=1)
-    fig.update_layout(title=title, height=220 * len(results) + 80, plot_bgcolor="white")
+        num_seats = len(grid)
+        fig.update_yaxes(title_text="seat", autorange="reversed", tickvals=list(range(0, num_seats, max(1, num_seats // 8))),
+                         row=row, col=1)
+    # One step scale for every panel, each axis labelled: a run of fewer steps is a shorter bar.
+    num_steps = max(r.num_steps for r in results)
+    for row in range(1, len(results) + 1):
+        fig.update_xaxes(title_text="decode step", range=[-0.5, num_steps - 0.5], showticklabels=True, row=row, col=1)
+    fig.update_layout(title=title, height=250 * len(results) + 100, plot_bgcolor="white")
     return fig
 
 

@@ -63,7 +63,8 @@ class SizingCase:
     requests_per_s: float
     prompt_tokens: int
     output_tokens: int
-    p99_tpot_ms: float  # the SLO: 99% of output tokens come within this of the previous one
+    p99_tpot_ms: float  # the SLO on the P99 inter-token latency (ITL): 99% of output tokens come within
+    # this of the previous one (a per-gap tail, not TPOT, which is one request's mean; the field keeps its old name)
     steps: tuple[StepRow, ...]  # measured decode steps by batch size
     prefill_ms_per_token: float  # measured: the cost of one prompt token
 
@@ -74,7 +75,7 @@ class SizingCase:
 
     def __str__(self) -> str:
         return (f"load {self.requests_per_s} requests/s, {self.prompt_tokens} prompt + {self.output_tokens} output "
-                f"tokens each; SLO: P99 TPOT <= {self.p99_tpot_ms} ms; prefill {self.prefill_ms_per_token} ms "
+                f"tokens each; SLO: P99 ITL (each gap between tokens) <= {self.p99_tpot_ms} ms; prefill {self.prefill_ms_per_token} ms "
                 f"per prompt token\n{self.step_table()}")
 
 

@@ -152,6 +152,10 @@ def _finish_axes(axes, layout) -> None:
                 if not ticktext or len(ticktext) != len(tickvals):  # plotly shows the values themselves
                     ticktext = [f"{v:g}" if isinstance(v, (int, float)) else str(v) for v in tickvals]
                 (ax.set_xticks if kind == "x" else ax.set_yticks)(tickvals, [_text(str(t)) for t in ticktext])
+                if axis.get("type") == "log":  # the given ticks only: no 3x10^0 between them
+                    from matplotlib.ticker import NullFormatter
+
+                    (ax.xaxis if kind == "x" else ax.yaxis).set_minor_formatter(NullFormatter())
             elif axis.get("type") == "log":  # plotly labels 1, 2, 5, 10 ..., not powers of ten
                 from matplotlib.ticker import FuncFormatter, LogLocator
 
