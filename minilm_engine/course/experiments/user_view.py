@@ -6,6 +6,8 @@ engine (or its real `RateLimiter`), and returns plain tables; the `*_figure` fun
 
     gap_spread_ms         one request's jitter: the spread (P90 - P10) of its inter-token gaps
     jitter_table          that spread, request by request, at each background rate
+    ttft_by_backend       TTFT of prompts of rising length on servers that differ only in their
+                          attention backend, measured side by side (alternating, in one run)
     attention_seconds     one prefill's attention, written out (T x T scores) vs fused (SDPA)
     request_cost_s        server seconds one request costs, from a prefill fit and a decode gap
     retry_storm           clients refused together, retried three ways, against the real limiter
@@ -34,8 +36,11 @@ import torch
 from plotly.subplots import make_subplots
 
 from minilm_engine.bench.client import RetryPolicy, backoff_delay
+from minilm_engine.bench.datasets import BenchRequest
+from minilm_engine.bench.serve import BenchConfig
 from minilm_engine.core.sampling_params import SamplingParams
 from minilm_engine.course.experiments import disaggregation
+from minilm_engine.course.experiments.outside_view import ServerProcess, _interval, _send_one, _text_of_tokens
 from minilm_engine.course.experiments.prefill import PrefillFit, corpus_token_ids
 from minilm_engine.course.noodle_corpus import sample_prompts
 from minilm_engine.distributed.kv_transfer import DisaggRouter
@@ -92,11 +97,54 @@ def jitter_figure(probes_by_rate: dict, capacity: float, title: str = "") -> go.
 # -- long prompts: the attention's T x T term, written out or fused --------------------------------
 
 
+def ttft_by_backend(servers: dict[str, ServerProcess], tokenizer, lengths: list[int], num_repeats: int = 5,
+                    seed: int = 0) -> dict[str, pd.DataFrame]:
+    """The TTFT of a prompt of each length on each server (one user, one request at a time, 2
+    output tokens), measured side by side: in every repeat the lengths come in a rotating order
+    and each length goes to every server in turn (the order of the servers alternating from one
+    repeat to the next), so a slow moment of the machine falls on all of them alike.
+
+    Each server first gets one prompt of the longest length, not counted (a fresh server's first
+    prefill pays its warm-up).  Then each gets the same text for a (length, repeat) and no text
+    twice, and /metrics shows that none found any of it in its prefix cache.  Returns, per server name, the table of
+    `outside_view.ttft_by_prompt_length` (same columns, same attrs).
+    """
+    names = list(servers)
+    configs = {name: BenchConfig(base_url=s.url, model=s.served_name, ignore_eos=True) for name, s in servers.items()}
+    for name in names:  # one request each first, not counted: a fresh server's first prefill pays its warm-up
+        _send_one(configs[name], BenchRequest(prompt="Warm-up:\n" + _text_of_tokens(tokenizer, max(lengths), seed=seed - 1),
+                                              max_tokens=2))
+    hits_before = {name: s.prefix_cache_hits() for name, s in servers.items()}
+    times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in lengths} for name in names}
+    counted: dict[str, dict[int, int]] = {name: {} for name in names}
+    for repeat in range(num_repeats):
+        shift = repeat % len(lengths)
+        order = names if repeat % 2 == 0 else names[::-1]
+        for n in lengths[shift:] + lengths[:shift]:
+            prompt = f"Order {seed}-{repeat}-{n}:\n" + _text_of_tokens(tokenizer, n, seed=seed + 7919 * repeat + n)
+            for name in order:
+                result = _send_one(configs[name], BenchRequest(prompt=prompt, max_tokens=2))
+                times[name][n].append(result.ttft)
+                counted[name][n] = result.num_prompt_tokens
+    tables = {}
+    for name, server in servers.items():
+        rows = []
+        for n in lengths:
+            median, low, high = _interval(times[name][n])
+            rows.append({"prompt tokens": counted[name][n], "TTFT p50 ms": 1000 * median, "TTFT min ms": 1000 * low,
+                         "TTFT max ms": 1000 * high, "ms per prompt token": 1000 * median / counted[name][n]})
+        table = pd.DataFrame(rows)
+        table.attrs["prefix_cache_hit_tokens"] = server.prefix_cache_hits() - hits_before[name]
+        table.attrs["ttft_seconds"] = {counted[name][n]: times[name][n] for n in lengths}
+        tables[name] = table
+    return tables
+
+
 def attention_seconds(config, lengths: Sequence[int], num_repeats: int = 5) -> pd.DataFrame:
     """One prefill's attention for all layers of `config` (causal, its heads and head size, one
-    sequence of T tokens): the engine's CPU reference, which writes the T x T scores, against
-    torch's fused `scaled_dot_product_attention` (flash-style on the CPU: scores in tiles, never
-    the whole square), the same inputs, alternating repeats, medians.  Float32, as the chef runs."""
+    sequence of T tokens): the engine's reference attention (backend "torch"), which writes the
+    T x T scores, against torch's fused `scaled_dot_product_attention` (what the default CPU
+    backend runs for a prompt: scores in tiles, never the whole square), the same inputs, alternating repeats, medians.  Float32, as the chef runs."""
     rows = []
     h, h_kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     gen = torch.Generator().manual_seed(0)
@@ -127,22 +175,29 @@ def attention_seconds(config, lengths: Sequence[int], num_repeats: int = 5) -> p
 
 
 def ttft_figure(ttft: pd.DataFrame, fit: PrefillFit, attention: pd.DataFrame, flop_crossover: float,
-                title: str = "") -> go.Figure:
-    """TTFT against prompt length: measured (median, min-max), the fit and its linear part; and the
-    attention's time, written out vs fused, on the same axes."""
+                title: str = "", reference: pd.DataFrame | None = None) -> go.Figure:
+    """TTFT against prompt length: measured with the default attention (median, min-max), its fit
+    and the fit's linear part; the same prompts' TTFT with the reference attention (`reference`,
+    when given); and the attention alone, written out vs fused, on the same axes."""
     fig = go.Figure()
     t = ttft["prompt tokens"]
-    fig.add_trace(go.Scatter(x=t, y=ttft["TTFT p50 ms"], mode="markers", name="TTFT measured (median, min-max)",
-                             error_y=dict(type="data", symmetric=False, array=ttft["TTFT max ms"] - ttft["TTFT p50 ms"],
-                                          arrayminus=ttft["TTFT p50 ms"] - ttft["TTFT min ms"])))
+
+    def measured(table: pd.DataFrame, name: str) -> go.Scatter:
+        return go.Scatter(x=table["prompt tokens"], y=table["TTFT p50 ms"], mode="markers", name=name,
+                          error_y=dict(type="data", symmetric=False, array=table["TTFT max ms"] - table["TTFT p50 ms"],
+                                       arrayminus=table["TTFT p50 ms"] - table["TTFT min ms"]))
+
+    fig.add_trace(measured(ttft, "TTFT, default CPU attention (SDPA, no T x T), median, min-max"))
+    if reference is not None:
+        fig.add_trace(measured(reference, "TTFT, reference attention (writes T x T), median, min-max"))
     grid = np.linspace(0, float(t.max()) * 1.05, 80)
-    fig.add_trace(go.Scatter(x=grid, y=1e3 * fit.predict(grid), mode="lines", name="fit: a + bT + cT^2"))
+    fig.add_trace(go.Scatter(x=grid, y=1e3 * fit.predict(grid), mode="lines", name="fit (default): a + bT + cT^2"))
     fig.add_trace(go.Scatter(x=grid, y=1e3 * (fit.fixed + fit.linear * grid), mode="lines", line=dict(dash="dot"),
                              name="fit without its T^2 term"))
     fig.add_trace(go.Scatter(x=attention["prompt tokens"], y=attention["attention, writes T x T ms"],
-                             mode="lines+markers", name="attention alone, writes T x T (the engine's CPU path)"))
+                             mode="lines+markers", name="attention alone, writes T x T (the reference's way)"))
     fig.add_trace(go.Scatter(x=attention["prompt tokens"], y=attention["attention, fused ms"], mode="lines+markers",
-                             name="attention alone, fused (SDPA)"))
+                             name="attention alone, fused (SDPA, the default's way)"))
     fig.update_layout(title=title or f"TTFT by prompt length (the FLOP crossover of this model is at {flop_crossover:,.0f})",
                       xaxis_title="prompt tokens", yaxis_title="ms", height=450, legend=dict(x=0.01, y=0.99))
     return fig
