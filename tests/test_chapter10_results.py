@@ -16,7 +16,7 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "10_the_view_f
 STATED = {
     "latency jitters: your gaps spread out when others' traffic shares the server, below its capacity": "holds here",
     "halving a long prompt more than halves its first-token wait (prefill grows faster than linearly)":
-        "holds here",
+        "not resolved by this run",
     "putting the stable text first makes the first token come sooner": "holds here",
     "rate limits are counted in tokens: the same number of requests, more of them refused when they are bigger":
         "holds here",

@@ -176,7 +176,7 @@ def attention_seconds(config, lengths: Sequence[int], num_repeats: int = 5) -> p
 
 def ttft_figure(ttft: pd.DataFrame, fit: PrefillFit, attention: pd.DataFrame, flop_crossover: float,
                 title: str = "", reference: pd.DataFrame | None = None) -> go.Figure:
-    """TTFT against prompt length: measured with the default attention (median, min-max), its fit
+    """TTFT against prompt length (markers: median, bars: min-max): measured with the default attention, its fit
     and the fit's linear part; the same prompts' TTFT with the reference attention (`reference`,
     when given); and the attention alone, written out vs fused, on the same axes."""
     fig = go.Figure()
@@ -187,17 +187,17 @@ def ttft_figure(ttft: pd.DataFrame, fit: PrefillFit, attention: pd.DataFrame, fl
                           error_y=dict(type="data", symmetric=False, array=table["TTFT max ms"] - table["TTFT p50 ms"],
                                        arrayminus=table["TTFT p50 ms"] - table["TTFT min ms"]))
 
-    fig.add_trace(measured(ttft, "TTFT, default CPU attention (SDPA, no T x T), median, min-max"))
+    fig.add_trace(measured(ttft, "TTFT, default attention (SDPA)"))
     if reference is not None:
-        fig.add_trace(measured(reference, "TTFT, reference attention (writes T x T), median, min-max"))
+        fig.add_trace(measured(reference, "TTFT, reference (writes T x T)"))
     grid = np.linspace(0, float(t.max()) * 1.05, 80)
     fig.add_trace(go.Scatter(x=grid, y=1e3 * fit.predict(grid), mode="lines", name="fit (default): a + bT + cT^2"))
     fig.add_trace(go.Scatter(x=grid, y=1e3 * (fit.fixed + fit.linear * grid), mode="lines", line=dict(dash="dot"),
                              name="fit without its T^2 term"))
     fig.add_trace(go.Scatter(x=attention["prompt tokens"], y=attention["attention, writes T x T ms"],
-                             mode="lines+markers", name="attention alone, writes T x T (the reference's way)"))
+                             mode="lines+markers", name="attention alone, writes T x T"))
     fig.add_trace(go.Scatter(x=attention["prompt tokens"], y=attention["attention, fused ms"], mode="lines+markers",
-                             name="attention alone, fused (SDPA, the default's way)"))
+                             name="attention alone, fused (SDPA)"))
     fig.update_layout(title=title or f"TTFT by prompt length (the FLOP crossover of this model is at {flop_crossover:,.0f})",
                       xaxis_title="prompt tokens", yaxis_title="ms", height=450, legend=dict(x=0.01, y=0.99))
     return fig
