@@ -40,7 +40,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--attention-backend", default=None, choices=["auto", "torch", "triton"])
+    parser.add_argument("--attention-backend", default=None, choices=["auto", "torch", "cpu", "triton"])
     parser.add_argument("--enforce-eager", action="store_true", default=None)
     parser.add_argument("--model-backend", default=None, choices=["fused", "reference"],
                         help="fused (the fast CPU path, where it runs; the default, also from "
