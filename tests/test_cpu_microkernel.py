@@ -120,9 +120,9 @@ def test_each_cpu_gets_its_own_build(monkeypatch):
 
 def test_switched_off_it_says_why(monkeypatch):
     monkeypatch.setenv(cpu_compiled.ENV_SWITCH, "0")
-    monkeypatch.setattr(cpu_compiled, "_tried", False)
-    monkeypatch.setattr(cpu_compiled, "_module", None)
-    monkeypatch.setattr(cpu_compiled, "_reason", None)
+    monkeypatch.setattr(cpu_compiled.EXTENSION, "tried", False)
+    monkeypatch.setattr(cpu_compiled.EXTENSION, "module", None)
+    monkeypatch.setattr(cpu_compiled.EXTENSION, "reason", None)
     assert cpu_compiled.load() is None
     assert cpu_compiled.unavailable_reason() == f"{cpu_compiled.ENV_SWITCH}=0"
     kernel = cpu.CPUKernel()

@@ -181,9 +181,9 @@ def test_the_crossover_is_measured_once_per_shape(cpu_microkernel, monkeypatch):
 
 def test_without_the_kernel_the_fused_path_runs_torch_and_says_why(checkpoint, prompts, monkeypatch):
     monkeypatch.setenv(cpu_compiled.ENV_SWITCH, "0")
-    monkeypatch.setattr(cpu_compiled, "_tried", False)
-    monkeypatch.setattr(cpu_compiled, "_module", None)
-    monkeypatch.setattr(cpu_compiled, "_reason", None)
+    monkeypatch.setattr(cpu_compiled.EXTENSION, "tried", False)
+    monkeypatch.setattr(cpu_compiled.EXTENSION, "module", None)
+    monkeypatch.setattr(cpu_compiled.EXTENSION, "reason", None)
     reference = LLM(checkpoint.path, model_backend="reference", record_trace=False, kv_cache_memory=8 << 20)
     with pytest.warns(UserWarning, match=f"without the micro-kernel \\({cpu_compiled.ENV_SWITCH}=0\\)"):
         fused = LLM(checkpoint.path, model_backend="fused", record_trace=False, kv_cache_memory=8 << 20)

@@ -20,6 +20,7 @@ import hashlib
 import os
 import platform
 import shutil
+import warnings
 
 from minilm_engine.model.device import cpuinfo_field
 
@@ -77,3 +78,36 @@ def build(name: str, source: str, functions: tuple[str, ...]):
         text = str(e).strip()
         return None, f"the build failed ({type(e).__name__}: {text.splitlines()[-1] if text else ''})"
     return module, None
+
+
+class Extension:
+    """One compiled module, built at most once per process on first `load()`.
+
+    `load()` gives the module or None; `unavailable_reason()` says why it is None.  A failed
+    build warns once, naming what runs instead (`fallback`); a missing tool or the switch set to
+    "0" is silent, as those are choices, not errors.
+    """
+
+    def __init__(self, prefix: str, source_path, functions: tuple[str, ...], what: str, fallback: str,
+                 flags=cpu_flags):
+        self.prefix, self.source_path, self.functions = prefix, source_path, functions
+        self.what, self.fallback, self.flags = what, fallback, flags
+        self.module, self.reason, self.tried = None, None, False
+
+    def name(self) -> str:
+        """The extension's name: one per (CPU flags, -march, source, exported functions)."""
+        return build_name(self.prefix, self.source_path.read_text(), self.functions, self.flags())
+
+    def load(self):
+        if self.tried:
+            return self.module
+        self.tried = True
+        self.module, self.reason = build(self.name(), self.source_path.read_text(), self.functions)
+        if self.module is None and self.reason.startswith("the build failed"):
+            warnings.warn(f"{self.what}: {self.reason}; using {self.fallback}", stacklevel=2)
+        return self.module
+
+    def unavailable_reason(self) -> str | None:
+        """None when `load()` gives the module, else why not (building it if not yet tried)."""
+        self.load()
+        return self.reason

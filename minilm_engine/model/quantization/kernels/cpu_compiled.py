@@ -13,45 +13,23 @@ another source is met.  The first build takes about a minute.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 from minilm_engine.model import cpu_build
 from minilm_engine.model.cpu_build import ENV_SWITCH
 
-__all__ = ["ENV_SWITCH", "FUNCTIONS", "SOURCE", "build_name", "load", "unavailable_reason"]
+__all__ = ["ENV_SWITCH", "FUNCTIONS", "SOURCE", "EXTENSION", "build_name", "load", "unavailable_reason"]
 
 SOURCE = Path(__file__).with_name("cpu_microkernel.cpp")
 FUNCTIONS = ("dense_mm", "int8_mm", "int4_mm", "vector_width")  # what the module exports
-
-_module = None
-_reason: str | None = None
-_tried = False
 
 
 def _cpu_flags() -> str:
     return cpu_build.cpu_flags()
 
 
-def build_name() -> str:
-    """The extension's name: one per (CPU flags, -march, source, exported functions)."""
-    return cpu_build.build_name("minilm_cpu_microkernel", SOURCE.read_text(), FUNCTIONS, _cpu_flags())
-
-
-def load():
-    """The built extension, or None (then `unavailable_reason()` says why).  Builds once per
-    process; later calls return the same module."""
-    global _module, _reason, _tried
-    if _tried:
-        return _module
-    _tried = True
-    _module, _reason = cpu_build.build(build_name(), SOURCE.read_text(), FUNCTIONS)
-    if _module is None and _reason.startswith("the build failed"):
-        warnings.warn(f"CPU micro-kernel: {_reason}; using torch's operators", stacklevel=2)
-    return _module
-
-
-def unavailable_reason() -> str | None:
-    """None when `load()` gives the extension, else why not (building it if not yet tried)."""
-    load()
-    return _reason
+EXTENSION = cpu_build.Extension("minilm_cpu_microkernel", SOURCE, FUNCTIONS, "CPU micro-kernel", "torch's operators",
+                                flags=lambda: _cpu_flags())  # late-bound: tests replace _cpu_flags
+build_name = EXTENSION.name
+load = EXTENSION.load  # the module or None; built once per process, later calls return the same
+unavailable_reason = EXTENSION.unavailable_reason
