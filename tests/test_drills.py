@@ -106,10 +106,16 @@ def test_mock_interview_and_the_headless_fallback(capsys) -> None:
     assert mock.finish().startswith(f"{sum(1 for d in mock.drills if d.value is not None)} / 5 correct")
     with pytest.raises(RuntimeError, match="over"):
         mock.answer("1")
-    mock.print_sheet()
+    mock.print_sheet()  # the questions only: the sheet must not give the answers away
+    sheet = capsys.readouterr().out
+    assert sheet.count("\nQ") == 5 and "A1." not in sheet
+    assert not any(d.answer[:40] in sheet for d in mock.drills)
+    mock.print_answers()
+    answers = capsys.readouterr().out
+    assert all(f"A{i}. {d.answer}" in answers for i, d in enumerate(mock.drills, 1))
     quiz.show(num_questions=2)  # no kernel here: prints questions with answers
     out = capsys.readouterr().out
-    assert "Model answers" in out and out.count("[chapter ") == 2 and "\nA: " in out
+    assert out.count("[chapter ") == 2 and "\nA: " in out
     assert "measured in" in render_text(mock.drills[0])
 
 

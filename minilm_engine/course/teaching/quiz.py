@@ -164,11 +164,14 @@ class MockInterview:
             self.print_sheet()
 
     def print_sheet(self) -> None:
-        """The set as text: questions, then answers (for paper or a headless run)."""
+        """The questions as text, for paper or a headless run; the answers wait for
+        `print_answers()`, so that printing the sheet does not give them away."""
         print(f"Mock interview: {len(self.drills)} questions, {self.time_limit_s / 60:.0f} minutes\n")
         for i, drill in enumerate(self.drills, 1):
             print(f"Q{i}. [{drill.chapter}, {drill.kind}] {drill.question}")
-        print("\nModel answers")
+        print("\nWork them out on paper; then mock.print_answers() for the model answers.")
+
+    def print_answers(self) -> None:
         for i, drill in enumerate(self.drills, 1):
             print(f"A{i}. {drill.answer}")
 
