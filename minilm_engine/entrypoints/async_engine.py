@@ -1,23 +1,19 @@
 """One engine, many connections: the `LLMEngine` stepping in a background thread, fed from asyncio.
 
-Contract: `AsyncLLMEngine(llm)` owns `llm.engine` from `start()` to `shutdown()`: only its thread
-touches the engine.  Coroutines on the event loop call `await add_request(...)` (which raises
-the engine's own ValueError/TypeError for a bad request, before anything is queued), then
-iterate the returned `RequestStream` for `StreamDelta`s, one per engine step that gave the
-request a token; `abort(request_id)` (safe from anywhere, any time) stops a request and frees
-its KV blocks at the next turn of the loop.  `shutdown()` aborts what is left and joins the
-thread: every stream ends, no block stays allocated.
+Contract: from `start()` to `shutdown()` only this thread touches `llm.engine`.  Coroutines call
+`await add_request(request)` (raising the engine's ValueError/TypeError for a bad request) and
+iterate the returned `RequestStream` for `StreamDelta`s, one per step that gave the request a
+token; `abort(request_id)` (from anywhere) frees its blocks at the loop's next turn.
+`shutdown()` aborts what is left: every stream ends, no block stays allocated.
 
     event loop (many connections)             engine thread (one)
-    ─────────────────────────────             ───────────────────
     add_request ──> commands ──┐              while running:
     abort       ──> commands ──┤  condition     apply commands (add / abort)
                                └──────────>     engine.step_requests()
     RequestStream.queue <── call_soon_threadsafe ── deltas of the requests that advanced
 
-Why a thread: a step is synchronous torch work of milliseconds; run on the event loop it would
-stall every connection (no new request accepted, no byte streamed) for its whole duration.
-torch releases the GIL inside its kernels, so the loop keeps serving while the engine computes.
+Why a thread: a step is milliseconds of synchronous torch work that would stall every
+connection on the event loop; torch releases the GIL inside its kernels.
 """
 
 from __future__ import annotations
@@ -52,7 +48,7 @@ class StreamDelta:
 
 @dataclass
 class EngineStats:
-    """A snapshot the engine thread refreshes after every step (read by /metrics and /health)."""
+    """A snapshot the engine thread refreshes after every step (read by /metrics)."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -116,13 +112,11 @@ _ENGINES_IN_USE: weakref.WeakSet = weakref.WeakSet()  # LLMEngines some AsyncLLM
 class AsyncLLMEngine:
     def __init__(self, llm: LLM, on_request_end: Callable[[Request], None] | None = None):
         self.llm = llm
-        # Called on the engine thread when a request finishes or is aborted (server metrics),
-        # and when one enters the engine (a timeline of requests, viz.ServingView).
+        # Called on the engine thread when a request ends (metrics) and when one enters the engine.
         self.on_request_end = on_request_end
         self.on_request_added: Callable[[Request], None] | None = None
         self.engine = llm.engine  # raises for a strategy without a step-wise engine
         self.stats = EngineStats(num_blocks=self.engine.block_pool.num_blocks)
-        self.model_name = str(llm.model_path.name)
         self.max_model_len = llm.max_model_len
         self._cond = threading.Condition()
         self._commands: list[_Command] = []
@@ -165,17 +159,12 @@ class AsyncLLMEngine:
         self._num_ids += 1
         return f"{prefix}-{self._num_ids}"
 
-    def make_request(self, request_id: str, prompt, params: SamplingParams, priority: int = 0) -> Request:
-        """Tokenize and validate (raises ValueError / TypeError); touches no engine state."""
-        return self.llm.input_processor.make_request(request_id, prompt, params, priority)
-
     def make_requests(self, request_id: str, prompt, params: SamplingParams, priority: int = 0) -> list[Request]:
         """The n samples of one prompt (`InputProcessor.make_requests`); touches no engine state."""
         return self.llm.input_processor.make_requests(request_id, prompt, params, priority)
 
     async def add_request(self, request: Request) -> RequestStream:
-        """Queue a prepared request; raises the engine's error if it refuses it (e.g. it could
-        not fit the KV pool even alone)."""
+        """Queue a prepared request; raises the engine's error if it refuses it."""
         if not self.is_running:
             raise RuntimeError("the engine is not running (shutting down)")
         stream = RequestStream(request.request_id)

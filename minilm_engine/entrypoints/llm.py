@@ -1,19 +1,19 @@
 """The front door: `LLM(model).generate(prompts, sampling_params)`, shaped like vLLM's offline API.
 
-Contract: `LLM` resolves the model folder, loads weights and tokenizer, and owns one `LLMEngine`
-(continuous batching over a paged KV cache); `generate` returns one `RequestOutput` per prompt,
-in prompt order, whatever order the engine finished them in (a prompt with `n` > 1 samples
-gets one output with n completions).  `chat(messages)` renders them with the server's chat
-template (`entrypoints/chat_template.py`) first.  With `sampling_params=None` the defaults are the
-checkpoint's `generation_config.json` (vLLM's generation_config="auto"), then vLLM's.  The
-tokenizer lives here and in the output processing only: the scheduler and the model see token ids.
+Contract: `LLM` loads the weights and tokenizer and owns one `LLMEngine`; `generate` returns one
+`RequestOutput` per prompt, in prompt order (n samples of a prompt in one output); `chat`
+renders messages with the server's chat template first.  `sampling_params=None` means the
+checkpoint's `generation_config.json` (vLLM's generation_config="auto"), then vLLM's defaults.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
 import torch
 
 from minilm_engine.entrypoints.chat_template import chat_format_for, render_chat
@@ -31,6 +31,7 @@ from minilm_engine.model.quantization.setup import setup_quantization
 from minilm_engine.core.request import Request, merge_samples
 from minilm_engine.core.sampling_params import SamplingParams
 
+
 class LLM:
     """An engine for offline generation.
 
@@ -39,32 +40,16 @@ class LLM:
             for the shipped default.
         dtype: "auto" (fp32 on CPU, bf16 or fp16 on GPU), a dtype name, or a torch.dtype.
         device: "cpu", "cuda" or None (CUDA when available).
-        seed: seeds the per-request generators of requests whose SamplingParams have no seed.
-        max_model_len: context length (default: the model's max_position_embeddings, cut to
-            what one request alone can hold in the KV pool, as vLLM derives it;
-            `llm.kv_budget.describe()` shows the arithmetic).
-        **engine_args: `EngineConfig` fields: max_num_seqs, max_num_batched_tokens, block_size,
-            num_kv_blocks, kv_cache_memory, gpu_memory_utilization, enable_prefix_caching,
-            enable_chunked_prefill, attention_backend ("auto", "torch", "cpu", "triton"), enforce_eager
-            (True: no CUDA graphs for decode steps; they are captured on CUDA with Triton),
-            record_trace (False: keep no per-step records in `llm.engine.trace`),
-            scheduling_policy ("fcfs", the default, or "priority": requests served by their
-            `priority`, lower first, then by arrival; see core/request_queue.py),
-            speculative_config ({"model": DRAFT, "num_speculative_tokens": K}: a draft model
-            proposes K tokens per step and the target verifies them in one forward; DRAFT is a
-            folder, a hub id or "noodle-apprentice").
-        quantization: None, "int8" (per output channel) or "int4" (group-wise): quantize the
-            decoder's projections on load (see minilm_engine/model/quantization/).  A checkpoint
-            written by `minilm-engine quantize` loads quantized without it.
-        quantization_config: options of the quantization: group_size (int4: 32, 64, 128;
-            default 128), method ("rtn" or "awq", calibrated), calibration_texts (a list of
-            strings; default: held-out noodle-shop text), kernel ("auto", "reference", "cpu",
-            "triton").
-        model_backend: "reference" (the readable decoder, `model/decoder.py`) or
-            "fused": on a CPU, q/k/v and gate/up fused into one matmul each (over oneDNN-packed
-            weights in bf16; `model/fused_cpu.py`), built after loading; it warns and keeps the
-            readable model where it cannot run (a GPU, fp16, quantized projections).  Default
-            (None): `$MINILM_MODEL_BACKEND`, else "fused", which then falls back quietly.
+        seed: seeds the requests whose SamplingParams have no seed.
+        max_model_len: context length (default: max_position_embeddings, cut to what one
+            request alone can hold in the KV pool; `llm.kv_budget.describe()` shows why).
+        quantization: None, "int8" or "int4" (`model/quantization/`), with its
+            `quantization_config` (group_size, method "rtn" or "awq", calibration_texts, kernel).
+        model_backend: "reference" (`model/decoder.py`) or "fused" (`model/fused_cpu.py`, a CPU
+            only; it falls back to the reference where it cannot run).  Default:
+            `$MINILM_MODEL_BACKEND`, else "fused".
+        **engine_args: `EngineConfig` fields (max_num_seqs, block_size, num_kv_blocks,
+            enable_prefix_caching, scheduling_policy, speculative_config, ...).
     """
 
     def __init__(
@@ -91,7 +76,6 @@ class LLM:
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        # as the caller named it: a shipped model, a hub id or a folder (None: the default model)
         self.model_name = DEFAULT_MODEL if model is None else str(model)
         self.model_path = resolve_model_path(model)
         self.model = load_model(self.model_path, dtype=self.dtype, device=self.device)
@@ -104,7 +88,8 @@ class LLM:
         if max_model_len is not None and not (isinstance(max_model_len, int) and 1 < max_model_len <= limit):
             raise ValueError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")
         self.max_model_len = max_model_len or limit
-        self.eos_token_ids = _eos_token_ids(self.config.eos_token_ids, self.tokenizer, self.model_path)
+        generation_config = _read_generation_config(self.model_path)
+        self.eos_token_ids = _eos_token_ids(self.config.eos_token_ids, self.tokenizer, generation_config)
         self.engine_config = engine_config
         self.input_processor = InputProcessor(
             self.tokenizer, self.config.vocab_size, self.max_model_len, self.eos_token_ids, self.device, seed,
@@ -112,10 +97,9 @@ class LLM:
             max_logprobs=engine_config.max_logprobs, max_n=engine_config.max_n,
             structured_outputs_config=engine_config.structured_outputs_config,
         )
-        self.generation_config = read_generation_defaults(self.model_path)
+        self.generation_config = generation_defaults(generation_config)
         self._num_requests = 0  # ids "0", "1", ... of requests accepted so far
         self._start_engine(engine_config)
-        # The paged engine may have cut an unset max_model_len to what its KV pool holds.
         self.max_model_len = self.input_processor.max_model_len
 
     def _check_engine_config(self, engine_config: EngineConfig) -> None:
@@ -126,8 +110,7 @@ class LLM:
         self.engine = LLMEngine(self.model, self.tokenizer, self.input_processor, engine_config)
 
     def run_steps(self, requests: list[Request]) -> Iterator[list[Request]]:
-        """Run prepared requests to completion one engine step at a time, yielding after each
-        step the requests that received a token in it (so callers can stream or draw)."""
+        """Run prepared requests to completion, yielding after each step the ones that got a token."""
         pending = {r.request_id for r in requests}
         try:
             for request in requests:
@@ -143,12 +126,11 @@ class LLM:
 
     @property
     def kv_budget(self):
-        """The KV pool's arithmetic (`core.kv_cache_sizing.KVCacheBudget`; print `.describe()`)."""
+        """The KV pool's arithmetic (`core.kv_cache_sizing.KVCacheBudget`)."""
         return self.engine.kv_budget
 
     def max_context_len(self, concurrency: int = 1) -> int:
-        """The longest context each of `concurrency` requests can get at once from the KV pool
-        (capped by the architecture's max_position_embeddings)."""
+        """The longest context each of `concurrency` requests can get at once from the KV pool."""
         return self.kv_budget.max_context_len(concurrency)
 
     @property
@@ -173,8 +155,7 @@ class LLM:
         return self.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
-        """vLLM's: SamplingParams with the checkpoint's generation_config.json values (its
-        temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens) where it has them."""
+        """vLLM's: SamplingParams with the checkpoint's generation_config.json values."""
         return SamplingParams(**self.generation_config)
 
     # -- requests ---------------------------------------------------------------------------
@@ -185,23 +166,17 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         priority: Sequence[int] | None = None,
     ) -> list[Request]:
-        """Tokenize and validate prompts into `Request`s (n per prompt, in prompt order);
-        `priority`: one int per prompt (lower first), with scheduling_policy="priority"."""
+        """Tokenize and validate prompts into `Request`s (n per prompt, in prompt order)."""
         return [r for group in self._make_groups(prompts, sampling_params, priority) for r in group]
 
-    def _make_groups(
-        self,
-        prompts: PromptType | Sequence[PromptType],
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-        priority: Sequence[int] | None = None,
-    ) -> list[list[Request]]:
+    def _make_groups(self, prompts: PromptType | Sequence[PromptType],
+                     sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+                     priority: Sequence[int] | None = None) -> list[list[Request]]:
         """Per prompt, its n sample requests."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if not isinstance(prompts, Sequence) or isinstance(prompts, bytes):
-            raise TypeError(
-                "prompts must be a string, a {'prompt_token_ids': [...]} dict, or a list of them"
-            )
+            raise TypeError("prompts must be a string, a {'prompt_token_ids': [...]} dict, or a list of them")
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
@@ -209,10 +184,8 @@ class LLM:
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
-                raise ValueError(
-                    f"got {len(params_list)} SamplingParams for {len(prompts)} prompts; "
-                    "pass one for all or exactly one per prompt"
-                )
+                raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts; "
+                                 "pass one for all or exactly one per prompt")
             if not all(isinstance(p, SamplingParams) for p in params_list):
                 raise TypeError("sampling_params must be SamplingParams or a list of them")
         self._check_params(params_list)
@@ -253,8 +226,8 @@ class LLM:
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generate completions for every prompt; outputs come back in prompt order.
-        `priority`: one int per prompt, lower served first (scheduling_policy="priority")."""
+        """Completions of every prompt, in prompt order.  `priority`: one int per prompt, lower
+        served first (scheduling_policy="priority")."""
         groups = self._make_groups(prompts, sampling_params, priority)
         requests = [r for group in groups for r in group]
         for request in requests:
@@ -277,9 +250,8 @@ class LLM:
         use_tqdm: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Generate the assistant's reply to a conversation ({"role", "content"} dicts), or to
-        each of a list of them, rendered with the chat template the server uses (and its stop
-        strings: the shipped models' waiter line ends at a newline)."""
+        """The assistant's reply to a conversation ({"role", "content"} dicts) or to each of a list
+        of them, rendered with the server's chat template (and its stop strings)."""
         fmt = chat_format_for(self.tokenizer, self.model_path)
         if fmt is None:
             raise ValueError("this model has no chat template (its tokenizer defines none); use generate()")
@@ -292,16 +264,13 @@ class LLM:
             params = [p if p.ignore_eos else with_stop_strings(p, fmt.default_stop) for p in params]
         return self.generate(prompts, params, use_tqdm=use_tqdm)
 
-    def stream(
-        self, prompt: PromptType, sampling_params: SamplingParams | None = None
-    ) -> Iterator[str]:
+    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the text of one completion piece by piece as tokens are produced."""
         (request,) = self.make_requests(prompt, sampling_params)
         yield from self.stream_request(request)
 
     def stream_request(self, request: Request) -> Iterator[str]:
-        """Run one prepared request, yielding new text after each token (the request keeps
-        its token ids and metrics for the caller to read afterwards)."""
+        """Run one prepared request, yielding new text after each token."""
         shown = 0
         for _ in self.run_steps([request]):
             text = request.output_text
@@ -317,14 +286,13 @@ _GENERATION_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "to
                     "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
-def read_generation_defaults(folder: Path) -> dict[str, Any]:
-    """SamplingParams fields from the checkpoint's generation_config.json (vLLM's subset)."""
-    import json
-
+def _read_generation_config(folder: Path) -> dict[str, Any]:
     path = Path(folder) / "generation_config.json"
-    if not path.is_file():
-        return {}
-    config = json.loads(path.read_text())
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def generation_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """SamplingParams fields from a checkpoint's generation_config (vLLM's subset)."""
     defaults = {ours: config[key] for key, ours in _GENERATION_KEYS.items() if config.get(key) is not None}
     SamplingParams(**defaults)  # a bad file is an error now, not at the first generate
     return defaults
@@ -332,8 +300,6 @@ def read_generation_defaults(folder: Path) -> dict[str, Any]:
 
 def with_stop_strings(params: SamplingParams, stops: tuple[str, ...]) -> SamplingParams:
     """`params` with `stops` added to its stop strings (the chat format's)."""
-    from dataclasses import replace
-
     merged = params.stop_strings + [s for s in stops if s not in params.stop_strings]
     return replace(params, stop=merged)
 
@@ -343,7 +309,6 @@ def _progress_bar(total: int, enabled: bool):
         return None
     from tqdm.auto import tqdm
 
-    # `delay`: the bar appears only when a run takes longer than two seconds.
     return tqdm(total=total, desc="Generating", unit="req", leave=False, delay=2)
 
 
@@ -356,15 +321,11 @@ def _load_tokenizer(path: str | Path):
         raise ValueError(f"could not load a tokenizer from {path}: {e}") from e
 
 
-def _eos_token_ids(config_eos: tuple[int, ...], tokenizer, folder: Path) -> tuple[int, ...]:
+def _eos_token_ids(config_eos: tuple[int, ...], tokenizer, generation_config: dict) -> tuple[int, ...]:
     """EOS ids from generation_config.json, config.json and the tokenizer, merged."""
-    import json
-
     ids = set(config_eos)
-    gen_file = Path(folder) / "generation_config.json"
-    if gen_file.is_file():
-        eos = json.loads(gen_file.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
+    eos = generation_config.get("eos_token_id")
+    ids.update(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return tuple(sorted(ids))

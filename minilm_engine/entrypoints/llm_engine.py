@@ -1,31 +1,23 @@
 """The continuous-batching engine over a paged KV cache, shaped like vLLM's `LLMEngine`.
 
-Contract: `add_request` validates and queues (raising before any state changes if the request
-is bad); each `step()` runs one scheduler decision and one model forward and returns the
-`RequestOutput`s of the requests that advanced; `abort_request` frees a request's blocks at
-once.  Every step is recorded in `engine.trace`.
+Contract: `add_request` validates and queues (raising before any state changes); each `step()`
+runs one scheduler decision and one forward and returns the `RequestOutput`s of the requests
+that advanced; `abort_request` frees a request's blocks at once.  Steps are recorded in `trace`.
 
-    add_request ─> Scheduler.waiting ─┐
-                                      ▼
     step():  propose ──> Scheduler.schedule(drafts) ──> ModelRunner.execute() ──> sampled tokens
              (drafts,      (BlockManager: slots,          (PagedAttention over         │
               if any)       prefix hits, preempt)          the PagedKVCache)           ▼
-             Scheduler.update_from_output(out, sampled): append ids, stop on EOS / stop ids,
-               computed counts, rejected drafts rolled back
-             ──> OutputProcessor.process: text, stop strings (a match ends the request here)
-             ──> release (finished requests' blocks) ──> outputs
+             Scheduler.update_from_output: append ids, stop on EOS / stop ids, roll rejected
+             drafts back ──> OutputProcessor.process: text, stop strings ──> release blocks
 
-With a `speculative_config`, each step first asks the draft (`worker/spec_decode/proposer.py`) for up
-to K tokens per decoding request; the scheduler gives each such request 1 + k tokens and
-carries its draft (ids and probabilities) in the `ScheduledRequest`, the one forward verifies
-them (`worker/spec_decode/rejection_sampler.py`), a request may get several tokens in one step, and
-`update_from_output` rolls the rejected positions back (the engine rolls back the draft's).
+With a `speculative_config`, the proposer (`worker/spec_decode/`) drafts up to K tokens per
+decoding request, the scheduler carries each draft in its `ScheduledRequest`, and one forward
+verifies them (`worker/spec_decode/rejection_sampler.py`).
 """
 
 from __future__ import annotations
 
 import time
-
 
 from minilm_engine.model.attention.backends import get_attention_backend
 from minilm_engine.entrypoints.input_processor import InputProcessor, PromptType
@@ -50,15 +42,15 @@ from minilm_engine.worker.model_runner import ModelRunner
 from minilm_engine.core.scheduler import Scheduler, SchedulerOutput, is_decoding
 from minilm_engine.core.trace import ScheduledChunk, StepCallback, StepRecord, StepTrace
 
-# What the verification step does not compute: the rejection sampler draws from the target's
-# temperature / min-p / top-k / top-p distribution only, and keeps no per-token logprobs.
+# The rejection sampler draws from temperature / min-p / top-k / top-p only, keeps no logprobs,
+# and a grammar would need rolling back with rejected drafts.
 _NOT_WITH_SPECULATION = ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
                          "repetition_penalty", "logit_bias", "min_tokens",
-                         "structured_outputs")  # a grammar would need rolling back with rejected drafts
+                         "structured_outputs")
 
 
 def check_speculation_supports(params: SamplingParams) -> None:
-    """Raise for sampling options speculative decoding does not implement (rather than ignore them)."""
+    """Raise for sampling options speculative decoding does not implement."""
     defaults = SamplingParams()
     for name in _NOT_WITH_SPECULATION:
         if getattr(params, name) not in (getattr(defaults, name), {}):
@@ -69,8 +61,7 @@ def check_speculation_supports(params: SamplingParams) -> None:
 
 
 def check_priority(priority: int, scheduling_policy: str) -> None:
-    """vLLM's rule: a priority other than 0 needs the priority policy (under fcfs it would be
-    silently ignored)."""
+    """vLLM's rule: a priority other than 0 needs the priority policy."""
     if priority != 0 and scheduling_policy != "priority":
         raise ValueError(
             f"got priority {priority}, but priority scheduling is not enabled "
@@ -90,8 +81,6 @@ class LLMEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.input_processor = input_processor
-        # Text and stop strings, after the scheduler has applied a step's ids (a DisaggRouter
-        # gives its two engines one, so a request's text goes on where the producer left it).
         self.output_processor = OutputProcessor(tokenizer)
         self.config = config or EngineConfig()
         self.max_model_len = input_processor.max_model_len
@@ -100,7 +89,6 @@ class LLMEngine:
                 f"without chunked prefill, max_num_batched_tokens ({self.config.max_num_batched_tokens}) "
                 f"must be >= max_model_len ({self.max_model_len}) so that every prompt fits one step"
             )
-        # Speculative decoding: the draft model, loaded and checked against the target now.
         spec = self.config.speculative_config
         draft = None
         if spec is not None and spec.method == "draft_model":
@@ -116,25 +104,17 @@ class LLMEngine:
         self.block_pool = BlockPool(
             num_blocks,
             enable_caching=self.config.enable_prefix_caching,
-            # Block events feed the trace; without one, the pool builds none.
             observer=self.trace.block_log if self.config.record_trace else None,
         )
-        self.block_manager = BlockManager(
-            self.block_pool, self.config.block_size, self.config.enable_prefix_caching
-        )
+        self.block_manager = BlockManager(self.block_pool, self.config.block_size, self.config.enable_prefix_caching)
         self.cache = PagedKVCache(model.config, num_blocks, self.config.block_size, model.dtype, model.device)
         self.scheduler = Scheduler(self.config, self.block_manager)
-        # Resolved once: "auto" becomes "triton" on a CUDA GPU with Triton, "torch" otherwise.
-        self.attention_backend = get_attention_backend(
-            self.config.attention_backend, model.device, model.dtype
-        )
-        # The runner's block tables: one row per request, updated from the scheduler's output.
+        # "auto" becomes "triton" on a CUDA GPU with Triton, "torch" otherwise.
+        self.attention_backend = get_attention_backend(self.config.attention_backend, model.device, model.dtype)
         block_table = BlockTable(
             self.config.max_num_seqs, cdiv(self.max_model_len, self.config.block_size), self.config.block_size
         )
-        self.runner = ModelRunner(
-            model, self.cache, block_table, self.attention_backend, self._capture_decode_graphs()
-        )
+        self.runner = ModelRunner(model, self.cache, block_table, self.attention_backend, self._capture_decode_graphs())
         self.proposer: DraftModelProposer | NgramProposer | None = None
         self.spec_decoding_stats: SpecDecodingStats | None = None  # the engine's totals
         if draft is not None:
@@ -150,10 +130,9 @@ class LLMEngine:
         self.num_steps = 0
 
     def _derive_max_model_len(self) -> None:
-        """Memory before architecture: a `max_model_len` the caller did not set is cut to what
-        one request alone can hold in the pool (vLLM derives it the same way), so the context
-        the server reports and enforces is the one it can really give.  One the caller set is
-        kept: requests above the pool are then refused one by one (`add_prepared_request`)."""
+        """A `max_model_len` the caller did not set is cut to what one request alone can hold in
+        the pool (as vLLM derives it); one the caller set is kept, and requests above the pool
+        are refused one by one."""
         processor = self.input_processor
         if processor.max_model_len_reason is not None:  # the caller's, or already derived
             return
@@ -171,36 +150,23 @@ class LLMEngine:
 
     def _capture_decode_graphs(self) -> DecodeGraphRunner | None:
         """CUDA graphs for decode steps: on a CUDA GPU with the Triton backend, unless
-        `enforce_eager`.  The torch reference plans each step on the host (gather indices from the
-        metadata's host copies), which a graph would replay unchanged, so it always runs eagerly."""
+        `enforce_eager` (the torch reference plans each step on the host: a graph cannot)."""
         if self.config.enforce_eager or self.model.device.type != "cuda" or self.attention_backend.name != "triton":
             return None
-        graphs = DecodeGraphRunner(
-            self.model,
-            self.cache,
-            self.attention_backend,
-            max_batch_size=self.config.max_num_seqs,
-            max_blocks_per_seq=cdiv(self.max_model_len, self.config.block_size),
-        )
+        graphs = DecodeGraphRunner(self.model, self.cache, self.attention_backend, self.config.max_num_seqs,
+                                   cdiv(self.max_model_len, self.config.block_size))
         graphs.capture()
         return graphs
 
     # -- requests ---------------------------------------------------------------------------
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt: PromptType,
-        sampling_params: SamplingParams | None = None,
-        priority: int = 0,
-    ) -> Request:
+    def add_request(self, request_id: str, prompt: PromptType, sampling_params: SamplingParams | None = None,
+                    priority: int = 0) -> Request:
         """Validate, tokenize and queue a request; raises ValueError/TypeError if it is bad.
         `priority`: lower is served first, under scheduling_policy="priority" only."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {request_id!r}")
-        request = self.input_processor.make_request(
-            request_id, prompt, sampling_params or SamplingParams(), priority
-        )
+        request = self.input_processor.make_request(request_id, prompt, sampling_params or SamplingParams(), priority)
         self.add_prepared_request(request)
         return request
 
@@ -235,19 +201,10 @@ class LLMEngine:
         request.abort()
 
     # -- KV transfer hooks (distributed/kv_transfer/: disaggregated prefill) ---------------
-    #
-    #   producer: step() samples a prompt's first token ──> detach_request(id): the request
-    #             leaves the batch, its blocks stay ──> (KV copied out) ──> block_manager.free(id)
-    #   consumer: block_manager.allocate_slots(...) for the prompt, KV copied in, commit(...)
-    #             ──> add_computed_request(request): it joins the batch, its next step a decode
 
     def detach_request(self, request_id: str) -> Request:
-        """Take a running request out of this engine, unfinished, with its KV blocks kept.
-
-        The request is no longer scheduled here; its block table stays in `block_manager`
-        (counted as used) until the caller has copied the KV out and calls
-        `block_manager.free(request_id)`.  Raises ValueError unless the request is running.
-        """
+        """Take a running request out of the batch; its blocks stay allocated until the caller
+        has copied the KV out and calls `block_manager.free(request_id)`."""
         request = self.requests.get(request_id)
         if request is None or request.status is not RequestStatus.RUNNING:
             raise ValueError(f"request {request_id!r} is not running in this engine")
@@ -258,20 +215,13 @@ class LLMEngine:
         return request
 
     def can_add_computed_request(self) -> bool:
-        """Whether `add_computed_request` has a batch slot now.  A consumer with preempted
-        requests waiting is short of memory: it takes no new ones until they are back."""
+        """A batch slot is free, and no preempted request waits (a sign of short memory)."""
         return len(self.scheduler.running) < self.config.max_num_seqs and not self.scheduler.waiting
 
     def add_computed_request(self, request: Request) -> None:
-        """Admit a request whose KV is already computed: "start it with these blocks".
-
-        The caller allocated the request's block table in this engine's `block_manager`
-        (`allocate_slots`), wrote the KV of its first `request.num_computed_tokens` tokens into
-        those slots and committed them; every token but the last sampled one must be computed
-        (`is_decoding`).  The request joins the running batch and its next step is a decode.
-        Raises ValueError (KeyError: no block table) and changes nothing if any of that does
-        not hold; the caller still owns the table then.
-        """
+        """Admit a request whose KV the caller wrote into a block table it allocated here
+        (every token but the last computed): its next step is a decode.  Raises ValueError
+        (KeyError: no block table) and changes nothing otherwise."""
         self._check_new_request(request)
         if request.finished or not is_decoding(request):
             raise ValueError(
@@ -359,8 +309,7 @@ class LLMEngine:
     # -- speculative decoding ---------------------------------------------------------------
 
     def _propose_drafts(self) -> dict[str, DraftTokens]:
-        """The draft's guesses (ids and probabilities) for every running request that is
-        decoding, by request id, for the scheduler to fit into the step's budget."""
+        """The draft's guesses (ids and probabilities) per decoding request id."""
         if self.proposer is None:
             return {}
         k = self.config.speculative_config.num_speculative_tokens

@@ -1,26 +1,18 @@
 """Per-key rate limits in requests and tokens per minute, as hosted APIs count them.
 
-Contract: `RateLimiter(default_limits, keys=None, clock=time.monotonic)`.  `admit(key, num_tokens)`
-either takes one request and `num_tokens` (prompt + max_tokens: the most the request can cost)
-from the key's buckets and returns a `Reservation`, or raises `RateLimitExceeded` having taken
-nothing; `settle(reservation, num_used)` gives back what was reserved but not used, `refund`
-gives back everything (the request too).  With `keys` (a keys file), a key not in it is
-`UnknownKey`.  `status(key)` is what the `x-ratelimit-*` headers report.  All times come from
-`clock`, so tests move time by hand.
+Contract: `RateLimiter.admit(key, num_tokens)` takes one request and `num_tokens` (prompt +
+max_tokens: the most the request can cost) from the key's buckets and returns a `Reservation`,
+or raises `RateLimitExceeded` having taken nothing; `settle(reservation, num_used)` gives back
+what was reserved but not used, `refund` everything.  With `keys`, an unknown key is
+`UnknownKey`.  `status(key)` is what the `x-ratelimit-*` headers report.  Time comes from `clock`.
 
-Each limit is a token bucket: it holds at most `limit` units (a minute's worth: the largest
-burst), and refills continuously at `limit / 60` units a second.
+Each limit is a token bucket of `limit` units (the largest burst) refilling at `limit / 60`
+units a second.  Reserving max_tokens keeps a burst of long requests from passing at once;
+settling keeps a request that stopped early from being charged for tokens it never produced.
 
     level ▲ limit ─────────╮         ╭────────── refills at limit/60 per s
-          │                │  admit  │
-          │                ╰─────────╯ <- a request takes prompt + max_tokens
-          │                     settle: the unused part of max_tokens goes back
+          │                ╰─────────╯ <- admit takes prompt + max_tokens; settle gives back
           └────────────────────────────────────────────────────▶ time
-
-Why reserve max_tokens at admission: the server cannot know the output length in advance, and
-a limit that only counted finished tokens would let a burst of long requests through at once.
-Why settle: charging a request that stopped early for tokens it never produced would limit a
-client below what it was promised.
 """
 
 from __future__ import annotations
@@ -88,7 +80,7 @@ class TokenBucket:
 
 @dataclass(frozen=True)
 class LimitStatus:
-    """One dimension (requests or tokens) of a key now: what the x-ratelimit-* headers say."""
+    """One dimension (requests or tokens) of a key now."""
 
     limit: int
     remaining: int  # whole units there now
@@ -122,8 +114,8 @@ class Reservation:
 
 
 class RateLimitExceeded(Exception):
-    """Over a limit: `kind` ("requests" or "tokens") is the one that binds, `retry_after_s` the
-    wait until this request would pass (None: never, it is larger than the limit itself)."""
+    """`kind` ("requests" or "tokens") is the limit that binds, `retry_after_s` the wait until
+    this request would pass (None: never, it is larger than the limit itself)."""
 
     def __init__(self, message: str, kind: str, retry_after_s: float | None, status: KeyStatus):
         super().__init__(message)
@@ -132,8 +124,7 @@ class RateLimitExceeded(Exception):
     def headers(self) -> dict[str, str]:
         out = self.status.headers()
         if self.retry_after_s is not None:
-            # Retry-After is whole seconds (RFC 9110); the milliseconds header is for clients
-            # that want better, as some hosted APIs send it.
+            # Retry-After is whole seconds (RFC 9110); some hosted APIs add milliseconds.
             out["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
             out["retry-after-ms"] = str(max(1, math.ceil(self.retry_after_s * 1000)))
         return out
@@ -144,30 +135,21 @@ class UnknownKey(Exception):
 
 
 @dataclass
-class _KeyState:
-    requests: TokenBucket | None
-    tokens: TokenBucket | None
-
-
-@dataclass
 class RateLimiter:
     """Buckets per API key.  `keys`: limits per key (a keys file); None: every key (and no key,
-    "") gets `default_limits`.  `period_s`: the time a limit counts over, 60 s as its name says
-    (a chapter shortens it so that a spike of traffic resolves in seconds, not minutes).
-    Thread-safe (the routes run on one event loop, but a lock costs nothing)."""
+    "") gets `default_limits`.  `period_s`: the time a limit counts over (a demo shortens it)."""
 
     default_limits: RateLimits = field(default_factory=RateLimits)
     keys: dict[str, RateLimits] | None = None
     clock: Callable[[], float] = time.monotonic
     period_s: float = SECONDS_PER_MINUTE
-    # The bucket class each limit gets: `TokenBucket`, or one with the same methods (chapter 10's
-    # exercise plugs a learner's bucket arithmetic in here; the limiter's logic stays this one).
+    # `TokenBucket`, or one with its methods (chapter 10's exercise plugs a learner's in here).
     bucket_type: Callable[[int, float, float], TokenBucket] = TokenBucket
 
     def __post_init__(self) -> None:
         if not self.period_s > 0:
             raise ValueError(f"period_s must be > 0, got {self.period_s}")
-        self._states: dict[str, _KeyState] = {}
+        self._states: dict[str, dict[str, TokenBucket]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -185,18 +167,18 @@ class RateLimiter:
             raise UnknownKey(key)
         return self.keys[key]
 
-    def _state(self, key: str, now: float) -> _KeyState:
-        state = self._states.get(key)
-        if state is None:
+    def _buckets(self, key: str, now: float) -> dict[str, TokenBucket]:
+        """The key's limited kinds ("requests", "tokens") and their buckets, refilled to `now`."""
+        buckets = self._states.get(key)
+        if buckets is None:
             limits = self.limits_for(key)
-            rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
-            state = _KeyState(None if rpm is None else self.bucket_type(rpm, now, self.period_s),
-                              None if tpm is None else self.bucket_type(tpm, now, self.period_s))
-            self._states[key] = state
-        for bucket in (state.requests, state.tokens):
-            if bucket is not None:
-                bucket.refill(now)
-        return state
+            buckets = {kind: self.bucket_type(limit, now, self.period_s)
+                       for kind, limit in (("requests", limits.requests_per_minute),
+                                           ("tokens", limits.tokens_per_minute)) if limit is not None}
+            self._states[key] = buckets
+        for bucket in buckets.values():
+            bucket.refill(now)
+        return buckets
 
     def admit(self, key: str, num_tokens: int) -> Reservation:
         """Take 1 request and `num_tokens` tokens from `key`'s buckets, or raise
@@ -204,21 +186,19 @@ class RateLimiter:
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         with self._lock:
-            state = self._state(key, self.clock())
-            wait_requests = 0.0 if state.requests is None else state.requests.seconds_until(1)
-            wait_tokens = 0.0 if state.tokens is None else state.tokens.seconds_until(num_tokens)
-            if wait_requests > 0 or wait_tokens > 0:
-                kind = "tokens" if wait_tokens >= wait_requests else "requests"
-                raise self._exceeded(state, kind, num_tokens, max(wait_requests, wait_tokens))
-            if state.requests is not None:
-                state.requests.take(1)
-            if state.tokens is not None:
-                state.tokens.take(num_tokens)
-            return Reservation(key, num_tokens, _status(state))
+            buckets = self._buckets(key, self.clock())
+            amounts = {"requests": 1, "tokens": num_tokens}
+            waits = {kind: bucket.seconds_until(amounts[kind]) for kind, bucket in buckets.items()}
+            if any(wait > 0 for wait in waits.values()):
+                kind = "tokens" if waits.get("tokens", 0.0) >= waits.get("requests", 0.0) else "requests"
+                raise self._exceeded(buckets, kind, amounts[kind], waits[kind])
+            for kind, bucket in buckets.items():
+                bucket.take(amounts[kind])
+            return Reservation(key, num_tokens, _status(buckets))
 
     def settle(self, reservation: Reservation, num_used: int) -> None:
-        """The request ended having used `num_used` tokens (prompt + output): the rest of its
-        reservation goes back (a count above the reservation is charged as the reservation)."""
+        """The request used `num_used` tokens (prompt + output): the rest goes back (a count above
+        the reservation is charged as the reservation)."""
         self._give_back(reservation, reservation.num_tokens - min(max(num_used, 0), reservation.num_tokens), 0)
 
     def refund(self, reservation: Reservation) -> None:
@@ -230,37 +210,32 @@ class RateLimiter:
             if reservation.closed:
                 return
             reservation.closed = True
-            state = self._state(reservation.key, self.clock())
-            if state.tokens is not None:
-                state.tokens.give_back(num_tokens)
-            if state.requests is not None:
-                state.requests.give_back(num_requests)
+            amounts = {"requests": num_requests, "tokens": num_tokens}
+            for kind, bucket in self._buckets(reservation.key, self.clock()).items():
+                bucket.give_back(amounts[kind])
 
     def status(self, key: str) -> KeyStatus:
         with self._lock:
-            return _status(self._state(key, self.clock()))
+            return _status(self._buckets(key, self.clock()))
 
-    def _exceeded(self, state: _KeyState, kind: str, num_tokens: int, wait_s: float) -> RateLimitExceeded:
-        bucket = state.tokens if kind == "tokens" else state.requests
-        requested = num_tokens if kind == "tokens" else 1
+    @staticmethod
+    def _exceeded(buckets: dict[str, TokenBucket], kind: str, requested: int, wait_s: float) -> RateLimitExceeded:
+        bucket = buckets[kind]
         unit = "tokens per min (TPM)" if kind == "tokens" else "requests per min (RPM)"
         if math.isinf(wait_s):
             message = (f"Request too large on {unit}: Limit {bucket.capacity}, Requested {requested}. "
                        f"The prompt or max_tokens must be reduced for the request to ever pass.")
-            return RateLimitExceeded(message, kind, None, _status(state))
+            return RateLimitExceeded(message, kind, None, _status(buckets))
         used = bucket.capacity - math.floor(bucket.level)
         message = (f"Rate limit reached on {unit}: Limit {bucket.capacity}, Used {used}, Requested "
                    f"{requested}. Please try again in {format_duration(wait_s)}.")
-        return RateLimitExceeded(message, kind, wait_s, _status(state))
+        return RateLimitExceeded(message, kind, wait_s, _status(buckets))
 
 
-def _status(state: _KeyState) -> KeyStatus:
-    def one(bucket: TokenBucket | None) -> LimitStatus | None:
-        if bucket is None:
-            return None
-        return LimitStatus(bucket.capacity, math.floor(bucket.level + 1e-9), bucket.seconds_to_full())
-
-    return KeyStatus(one(state.requests), one(state.tokens))
+def _status(buckets: dict[str, TokenBucket]) -> KeyStatus:
+    status = {kind: LimitStatus(bucket.capacity, math.floor(bucket.level + 1e-9), bucket.seconds_to_full())
+              for kind, bucket in buckets.items()}
+    return KeyStatus(status.get("requests"), status.get("tokens"))
 
 
 def format_duration(seconds: float) -> str:
@@ -281,9 +256,8 @@ def format_duration(seconds: float) -> str:
 
 
 def load_keys_file(path: str | Path, default_limits: RateLimits = RateLimits()) -> dict[str, RateLimits]:
-    """{"KEY": {"requests_per_minute": 60, "tokens_per_minute": 10000}, ...} -> limits per key.
-    A field left out takes the default (--rate-limit-rpm / --rate-limit-tpm); null: unlimited.
-    Raises ValueError naming the file and the line (bad JSON) or the key and field (bad values)."""
+    """{"KEY": {"requests_per_minute": 60, "tokens_per_minute": 10000}, ...} -> limits per key; a
+    field left out takes the default, null is unlimited.  ValueError names the line or key."""
     path = Path(path)
     try:
         text = path.read_text()

@@ -139,11 +139,8 @@ class Outcome:
 
 
 def _levels(limiter: RateLimiter, key: str) -> tuple[float | None, float | None]:
-    state = limiter._states.get(key)
-    if state is None:
-        return None, None
-    return (None if state.tokens is None else state.tokens.level,
-            None if state.requests is None else state.requests.level)
+    buckets = limiter._states.get(key, {})  # kind -> bucket, for the kinds the key limits
+    return tuple(buckets[kind].level if kind in buckets else None for kind in ("tokens", "requests"))
 
 
 def replay(limiter: RateLimiter, clock: Clock, events: list[Event]):

@@ -1,35 +1,19 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over one shared `AsyncLLMEngine`.
 
 Contract: `build_app(llm, ...)` returns a FastAPI app whose lifespan starts the engine thread
-and, on shutdown, aborts whatever is still running (every KV block freed).  Routes:
+and, on shutdown, aborts whatever still runs (every KV block freed).  Routes:
 
-    POST /v1/completions        prompt(s) -> text (stream: true -> server-sent events)
-    POST /v1/chat/completions   messages -> text  (the chat template, see entrypoints/chat_template.py)
-    GET  /v1/models             the served model name(s), with root and max_model_len
-    POST /tokenize, /detokenize text or messages <-> token ids (vLLM's routes)
-    GET  /tokenizer_info        the tokenizer's configuration and chat template (vLLM's)
-    GET  /version               this package's version
-    GET  /health                200 while the engine thread is alive, 503 otherwise
-    GET  /metrics               Prometheus text format (metrics.py)
+    POST /v1/completions, /v1/chat/completions   (stream: true -> server-sent events)
+    GET  /v1/models                              the served names, with root and max_model_len
+    POST /tokenize, /detokenize; GET /tokenizer_info   vLLM's tokenizer routes
+    GET  /version, /health (503 once the engine thread died), /metrics (Prometheus)
 
-The served name is the model as the caller gave it (`serve Qwen/Qwen3-0.6B` serves
-"Qwen/Qwen3-0.6B", as vLLM does), unless `served_model_names` lists others; a request may
-name any of them.
-
-Every error is an OpenAI-style body {"error": {"message", "type", "param", "code"}} with a
-4xx status (5xx only for the server's own failures); a bad request never reaches the engine.
-A client that disconnects has its request aborted at once, streamed or not.  With `api_key`
-set, every route but /health needs "Authorization: Bearer <key>".
-
-With a `rate_limiter` (rate_limit.py), the two generating routes are limited per API key: a
-request is tokenized and validated, then admitted for prompt + max_tokens tokens, or answered
-429 with Retry-After and x-ratelimit-* headers before the engine sees it; when it ends, the
-reservation is settled to the tokens it really used (an abort: what was computed so far; a
-failure of the server's own: all refunded).  Every answer of those routes carries the key's
-x-ratelimit-* headers.  With a keys file, a key not in it is a 401.
-
-`serve(llm, host, port)` runs it in the foreground (the CLI); the course's `ServerThread`
-(`course/experiments/server_thread.py`) runs it in a background thread (tests, notebooks).
+Every error is {"error": {"message", "type", "param", "code"}} with a 4xx status (5xx only for
+the server's own failures); a bad request never reaches the engine, and a client that
+disconnects has its requests aborted at once.  With `api_key`, every route but /health needs
+"Authorization: Bearer <key>".  With a `rate_limiter`, a generating request is admitted for
+prompt + max_tokens tokens or answered 429 before the engine sees it, and settled to the
+tokens it used when it ends (rate_limit.py); with a keys file, an unknown key is a 401.
 """
 
 from __future__ import annotations
@@ -38,7 +22,6 @@ import asyncio
 import hmac
 import json
 from contextlib import asynccontextmanager
-
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -47,11 +30,10 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.entrypoints import DEFAULT_HOST
 from minilm_engine.entrypoints.async_engine import AsyncLLMEngine
-from minilm_engine.entrypoints.rate_limit import RateLimiter, RateLimitExceeded, Reservation
 from minilm_engine.entrypoints.chat_template import chat_format_for
+from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.entrypoints.metrics import ServerMetrics
 from minilm_engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -63,12 +45,7 @@ from minilm_engine.entrypoints.openai.protocol import (
 )
 from minilm_engine.entrypoints.openai.serving import APIError, OpenAIServing, Prepared, parse_body, sse
 from minilm_engine.entrypoints.openai.serving_tokenization import detokenize, tokenize, tokenizer_info
-
-
-def model_root(llm: LLM) -> str:
-    """The model as the caller named it (a shipped name, a hub id, a folder); the resolved
-    folder's name when none was given (`LLM()` loads the default)."""
-    return llm.model_name if llm.model_name != "None" else llm.model_path.name
+from minilm_engine.entrypoints.rate_limit import RateLimiter, RateLimitExceeded, Reservation
 
 
 @dataclass(frozen=True)
@@ -83,10 +60,11 @@ class CORSOptions:
 
 def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: str | None = None,
               rate_limiter: RateLimiter | None = None, cors: CORSOptions | None = None) -> FastAPI:
-    if api_key is not None and rate_limiter is not None and rate_limiter.keys is not None:
+    """`served_model_names`: the names requests may use (default: the model as given)."""
+    keys_file = rate_limiter is not None and rate_limiter.keys is not None
+    if api_key is not None and keys_file:
         raise ValueError("give api_key or a keys file (rate_limiter.keys), not both")
-    root = model_root(llm)
-    names = list(served_model_names or [root])
+    names = list(served_model_names or [llm.model_name])
     engine = AsyncLLMEngine(llm)
     metrics = ServerMetrics(engine, names[0])
     serving = OpenAIServing(engine, names, chat_format_for(llm.tokenizer, llm.model_path))
@@ -105,7 +83,6 @@ def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: st
                        allow_headers=cors.allowed_headers, allow_credentials=cors.allow_credentials)
     app.state.engine, app.state.serving, app.state.metrics = engine, serving, metrics
     app.state.rate_limiter = rate_limiter
-    keys_file = rate_limiter is not None and rate_limiter.keys is not None
 
     @app.middleware("http")
     async def check_api_key(request: Request, call_next):
@@ -146,15 +123,17 @@ def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: st
     async def prometheus_metrics():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def card(name: str) -> ModelCard:
+        return ModelCard(id=name, root=llm.model_name, max_model_len=engine.max_model_len)
+
     @app.get("/v1/models")
     async def models():
-        return ModelList(data=[ModelCard(id=n, root=root, max_model_len=engine.max_model_len)
-                               for n in names]).model_dump()
+        return ModelList(data=[card(n) for n in names]).model_dump()
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):  # a hub id holds a slash: the rest of the path is the id
         serving.check_model(model_id)
-        return ModelCard(id=model_id, root=root, max_model_len=engine.max_model_len).model_dump()
+        return card(model_id).model_dump()
 
     @app.get("/version")
     async def version():
@@ -168,33 +147,24 @@ def build_app(llm: LLM, served_model_names: list[str] | None = None, api_key: st
     async def detokenize_route(raw: Request):
         return detokenize(serving, await _parse(raw, DetokenizeRequest))
 
-    # vLLM serves this only with --enable-tokenizer-info-endpoint; here it holds nothing that
-    # /tokenize and the checkpoint's own tokenizer_config.json do not already show.
-    @app.get("/tokenizer_info")
+    @app.get("/tokenizer_info")  # what lm-evaluation-harness reads to tokenize through the server
     async def tokenizer_info_route():
         return tokenizer_info(serving)
 
     @app.post("/v1/completions")
     async def completions(raw: Request):
-        body = await _parse(raw, CompletionRequest)
-        prepared = serving.prepare_completion(body)
-        return await _answer(raw, serving, prepared, body.stream, serving.stream_completion,
-                             serving.completion_response, admit(rate_limiter, raw, prepared))
+        return await _generate(raw, await _parse(raw, CompletionRequest))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
-        body = await _parse(raw, ChatCompletionRequest)
-        prepared = serving.prepare_chat(body)
-        return await _answer(raw, serving, prepared, body.stream, serving.stream_chat, serving.chat_response,
-                             admit(rate_limiter, raw, prepared))
+        return await _generate(raw, await _parse(raw, ChatCompletionRequest))
 
     return app
 
 
 async def _parse(raw: Request, model):
-    data = await raw.body()
     try:
-        payload = json.loads(data)
+        payload = json.loads(await raw.body())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"The body is not valid JSON: {e}.", None, "invalid_json") from None
     return parse_body(payload, model)
@@ -207,8 +177,7 @@ def bearer_key(authorization: str) -> str:
 
 
 def admit(limiter: RateLimiter | None, raw: Request, prepared: Prepared) -> Reservation | None:
-    """Reserve prompt + max_tokens of every prompt of the request, or a 429 (nothing reserved,
-    nothing sent to the engine)."""
+    """Reserve prompt + max_tokens of every engine request, or a 429 (nothing reserved)."""
     if limiter is None or not limiter.is_enabled:
         return None
     cost = sum(r.num_prompt_tokens + r.max_new_tokens for r in prepared.requests)
@@ -219,38 +188,36 @@ def admit(limiter: RateLimiter | None, raw: Request, prepared: Prepared) -> Rese
         raise APIError(429, e.message, None, "rate_limit_exceeded", type=e.kind, headers=e.headers()) from None
 
 
-def _tokens_used(prepared: Prepared) -> int:
-    return sum(r.num_prompt_tokens + len(r.output_token_ids) for r in prepared.requests)
-
-
-async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, streamer, collector,
-                  reservation: Reservation | None = None):
+async def _generate(raw: Request, body: CompletionRequest | ChatCompletionRequest):
+    serving: OpenAIServing = raw.app.state.serving
     limiter: RateLimiter | None = raw.app.state.rate_limiter
+    prepared = serving.prepare(body)
+    reservation = admit(limiter, raw, prepared)
 
     def close(failed: bool) -> None:  # the reservation: refunded if nothing ran, else settled
-        if reservation is not None:
-            if failed:
-                limiter.refund(reservation)
-            else:
-                limiter.settle(reservation, _tokens_used(prepared))
+        if reservation is None:
+            return
+        if failed:
+            limiter.refund(reservation)
+        else:
+            limiter.settle(reservation, sum(r.num_prompt_tokens + len(r.output_token_ids) for r in prepared.requests))
 
     try:
         request_streams = await serving.submit(prepared)
     except BaseException:
         close(failed=True)
         raise
-    response_id = prepared.response_id
-    headers = {"X-Request-Id": response_id, **({} if reservation is None else reservation.status.headers())}
+    headers = {"X-Request-Id": prepared.response_id, **({} if reservation is None else reservation.status.headers())}
 
     def abort_all() -> None:  # finished requests: ignored; the others: freed at once
         for request_id in prepared.request_ids:
             serving.engine.abort(request_id)
 
-    if stream:
+    if body.stream:
         async def events():
             failed = False
             try:
-                async for line in streamer(prepared, request_streams):
+                async for line in serving.stream(prepared, request_streams):
                     yield line
             except RuntimeError as e:  # the engine step failed: say so in the stream, then end it
                 failed = True
@@ -263,7 +230,7 @@ async def _answer(raw: Request, serving: OpenAIServing, prepared, stream: bool, 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
     # Not streamed: still abort when the client goes away before the answer is ready.
-    answer = asyncio.ensure_future(collector(prepared, request_streams))
+    answer = asyncio.ensure_future(serving.response(prepared, request_streams))
     gone = asyncio.ensure_future(_disconnected(raw))
     try:
         await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -287,9 +254,6 @@ async def _disconnected(raw: Request) -> None:
 
 def _error(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
-# -- running it ---------------------------------------------------------------------------------
 
 
 def serve(llm: LLM, host: str = DEFAULT_HOST, port: int = 8000, served_model_names: list[str] | None = None,

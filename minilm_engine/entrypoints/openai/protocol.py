@@ -1,38 +1,18 @@
 """The OpenAI wire format: pydantic models of the requests we accept and the bodies we return.
 
-Contract, as vLLM parses its requests: a request model that validates carries only values the
-engine can take.  Numbers are parsed as leniently as vLLM parses them ("0.5" is a temperature,
-16.0 a max_tokens), everything else strictly ("yes" is not a bool, 5.5 is not an int), and
-`null` means "the default" for every field, nested ones too.  Three kinds of fields:
+Contract, as vLLM parses requests: numbers are lax ("0.5" is a temperature, 16.0 a max_tokens),
+everything else strict ("yes" is not a bool), and `null` means the default, nested fields too.
 
-    implemented      temperature, top_p, top_k, seed, stop, max_tokens, n,    -> SamplingParams
-                     penalties, min_p, min_tokens, logit_bias, logprobs, echo,
-                     response_format, structured_outputs, guided_* ...
-    known, not       tools, best_of, bad_words,                               -> accepted only at
-    implemented      suffix, ... (`NOT_IMPLEMENTED`)                            a value that leaves
-                                                                                  the output as it
-                                                                                  is; else a 400
-                                                                                  naming the field
-    unknown          anything else (metadata, store, a client's own extras)   -> ignored, with one
-                                                                                  warning per field
-                                                                                  name in the log
+    implemented      temperature, top_p, top_k, seed, stop, max_tokens, n,  -> SamplingParams
+                     penalties, logit_bias, logprobs, echo, grammars, tools
+    known, not       best_of, bad_words, suffix, ...                     -> a 400 naming the field,
+    implemented      (`*_NOT_IMPLEMENTED`)                                  unless the value is neutral
+    unknown          metadata, store, a client's own extras              -> ignored, warned once
 
-so a client that sends more than we know still works, and one that asks for something we would
-silently not do gets told.  `to_sampling_params()` maps a request onto `SamplingParams`, whose
-own checks give the remaining errors.  Field names, defaults and response shapes follow OpenAI's
-API reference (max_tokens defaults to 16 for completions, to the rest of the context for chat);
-`top_k`, `ignore_eos`, `stop_token_ids` and `/tokenize`'s bodies are vLLM's extensions.
-
-Structured outputs come in three spellings, mapped to one `StructuredOutputsParams` as vLLM maps
-them: OpenAI's `response_format` ({"type": "json_object"}, or "json_schema" with
-`json_schema.schema`; `strict` accepted, the output is always constrained), vLLM's
-`structured_outputs` body field (json, json_object, regex, choice, grammar,
-disable_any_whitespace), and vLLM's older `guided_json` / `guided_regex` / `guided_choice` /
-`guided_grammar`.  One grammar per request; errors name the wire field.  Chat `tools` with
-`tool_choice` "required" or a named function are a grammar too (`tool_calls.py`: the output
-is constrained to the call's JSON and returned as `message.tool_calls`); "auto" lets the model write calls in the template's format (read back if it does), "none"
-answers in words.  `role: "tool"` messages and an assistant's `tool_calls` are rendered by the
-chat template.
+A grammar comes as OpenAI's `response_format`, vLLM's `structured_outputs` body field or its
+older `guided_*` fields, one per request; errors name the wire field.  Chat `tools` with
+`tool_choice` "required" or a named function are a grammar too (`tool_calls.py`); "auto" lets
+the model write calls in the template's format, "none" answers in words.
 """
 
 from __future__ import annotations
@@ -52,16 +32,14 @@ from minilm_engine.entrypoints.openai.tool_calls import forced_call_schema, name
 
 logger = logging.getLogger(__name__)
 
-
-# Numbers are parsed as vLLM parses them (pydantic's lax mode): "0.5" is a temperature, 16.0 a
-# max_tokens, true a 1; everything else stays strict ("yes" is not a bool, 5.5 is not an int).
 LaxInt = Annotated[int, Field(strict=False)]
 LaxFloat = Annotated[float, Field(strict=False)]
+GRAMMARS = ("json", "json_object", "regex", "choice", "grammar")  # StructuredOutputsParams' fields
 
 
 class _Lenient(BaseModel):
-    """Strict types; `null` dropped before validation (so the field's default applies); unknown
-    fields kept aside in `model_extra`, for `ignored_fields()` to report."""
+    """Strict types; `null` dropped before validation (the default applies); unknown fields
+    kept in `model_extra` for `ignored_fields()`."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -73,22 +51,20 @@ class _Lenient(BaseModel):
         return data
 
     def ignored_fields(self, prefix: str = "") -> list[str]:
-        """Dotted names of the unknown fields, nested models included ("stream_options.x",
-        "messages[].x")."""
+        """Dotted names of the unknown fields, nested ones included ("messages[].x")."""
         names = [prefix + name for name in self.model_extra or {}]
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if isinstance(value, _Lenient):
-                names += value.ignored_fields(f"{prefix}{name}.")
-            elif isinstance(value, list):
-                for item in value:
-                    if isinstance(item, _Lenient):
-                        names += item.ignored_fields(f"{prefix}{name}[].")
+            items = value if isinstance(value, list) else [value]
+            suffix = "[]." if isinstance(value, list) else "."
+            for item in items:
+                if isinstance(item, _Lenient):
+                    names += item.ignored_fields(f"{prefix}{name}{suffix}")
         return sorted(set(names))
 
 
-# One warning per ignored field name for the whole process: the log is the process's too, and a
-# client that sends `metadata` on every request should not fill it with the same line.
+# One warning per field name for the whole process: a client that sends `metadata` on every
+# request should not fill the log with the same line.
 _warned_fields: set[str] = set()
 _warned_lock = threading.Lock()
 
@@ -106,8 +82,7 @@ def warn_ignored(names: Iterable[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class NotImplementedField:
-    """A field this server knows but does not implement: accepted only where its value leaves
-    the output as it would be without it (`is_neutral`); `allowed` says which values those are."""
+    """A known field accepted only at a value that leaves the output as it is (`is_neutral`)."""
 
     name: str
     is_neutral: Callable[[Any], bool]
@@ -120,8 +95,7 @@ class NotImplementedField:
 
 
 def _is(*neutral) -> Callable[[Any], bool]:
-    """A check: the value equals one of `neutral`, and is a bool only where that is a bool
-    (Python's `True == 1` would let `true` pass as a penalty of 1)."""
+    """Equal to one of `neutral`, and a bool only where that is one (`True == 1` in Python)."""
     def check(value: Any) -> bool:
         return any(isinstance(value, bool) == isinstance(n, bool) and value == n for n in neutral)
     return check
@@ -131,24 +105,25 @@ def _empty(value: Any) -> bool:
     return value in ({}, [], "")
 
 
-# Sampling extensions (OpenAI's and vLLM's) the engine has no code for.
+def _never(value: Any) -> bool:
+    return False
+
+
 SAMPLING_NOT_IMPLEMENTED = (
     NotImplementedField("best_of", _is(1), "1"),
     NotImplementedField("use_beam_search", _is(False), "false"),
     NotImplementedField("length_penalty", _is(1), "1"),
     NotImplementedField("skip_special_tokens", _is(True), "true"),
     NotImplementedField("bad_words", _empty, "[]"),
-    NotImplementedField("allowed_token_ids", lambda v: False, "null"),
-    NotImplementedField("truncate_prompt_tokens", lambda v: False, "null"),
+    NotImplementedField("allowed_token_ids", _never, "null"),
+    NotImplementedField("truncate_prompt_tokens", _never, "null"),
 )
-COMPLETION_NOT_IMPLEMENTED = (
-    NotImplementedField("suffix", _empty, '""'),
-)
+COMPLETION_NOT_IMPLEMENTED = (NotImplementedField("suffix", _empty, '""'),)
 CHAT_NOT_IMPLEMENTED = (
     NotImplementedField("echo", _is(False), "false"),
     NotImplementedField("add_generation_prompt", _is(True), "true"),
     NotImplementedField("continue_final_message", _is(False), "false"),
-    NotImplementedField("chat_template", lambda v: False, "null (the model's own template is used)"),
+    NotImplementedField("chat_template", _never, "null (the model's own template is used)"),
 )
 
 
@@ -201,11 +176,10 @@ class _SamplingFields(_Lenient):
     logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a string) -> bias
     prompt_logprobs: LaxInt | None = None
     include_stop_str_in_output: bool = False
-    # Service tiers: vLLM's `priority` (lower first; needs --scheduling-policy priority unless 0)
-    # and OpenAI's `service_tier` ("auto", "default", "flex"); serving.py maps them to a priority.
+    # vLLM's `priority` (lower first) and OpenAI's `service_tier`: serving.py maps both.
     priority: LaxInt | None = None
     service_tier: str | None = None
-    # Known, not implemented: see SAMPLING_NOT_IMPLEMENTED (any type: the check says what is allowed).
+    # Known, not implemented (SAMPLING_NOT_IMPLEMENTED says which values pass).
     best_of: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
@@ -213,7 +187,7 @@ class _SamplingFields(_Lenient):
     bad_words: Any = None
     allowed_token_ids: Any = None
     truncate_prompt_tokens: Any = None
-    # Structured outputs (see the module docstring): one grammar, in any of three spellings.
+    # A grammar, in any of three spellings.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsBody | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -221,8 +195,7 @@ class _SamplingFields(_Lenient):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
 
-    # The endpoint's own known-but-not-implemented fields, checked after SAMPLING_NOT_IMPLEMENTED.
-    not_implemented: ClassVar[tuple[NotImplementedField, ...]] = ()
+    not_implemented: ClassVar[tuple[NotImplementedField, ...]] = ()  # the endpoint's own
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a value the engine cannot honour, or None."""
@@ -237,8 +210,7 @@ class _SamplingFields(_Lenient):
     def to_sampling_params(
         self, max_tokens: int | None, extra_stop: tuple[str, ...] = (), defaults: dict[str, Any] | None = None
     ) -> SamplingParams:
-        """`defaults`: the checkpoint's generation_config values, for fields the request left
-        unset (vLLM's default_sampling_params); then vLLM's own defaults."""
+        """`defaults`: the checkpoint's generation_config, for fields the request left unset."""
         defaults = defaults or {}
 
         def pick(name: str, fallback: Any) -> Any:
@@ -268,47 +240,53 @@ class _SamplingFields(_Lenient):
             structured_outputs=self.structured_outputs_params(),
         )
 
-    def structured_outputs_params(self) -> StructuredOutputsParams | None:
-        """response_format / structured_outputs / guided_* -> one StructuredOutputsParams (None:
-        unconstrained); ValueError naming the wire field when it is wrong."""
-        given: dict[str, tuple[str, Any]] = {}  # StructuredOutputsParams field -> (wire name, value)
-        options = self.structured_outputs
-        if options is not None:
-            for name, value in (("json", options.json_), ("json_object", options.json_object),
-                                ("regex", options.regex), ("choice", options.choice), ("grammar", options.grammar)):
+    def _grammars(self) -> dict[str, tuple[str, Any]]:
+        """The grammars given: StructuredOutputsParams field -> (wire name, value)."""
+        given: dict[str, tuple[str, Any]] = {}
+        if self.structured_outputs is not None:
+            for name in GRAMMARS:
+                value = getattr(self.structured_outputs, "json_" if name == "json" else name)
                 if value is not None:
                     given[name] = (f"structured_outputs.{name}", value)
         for name in ("json", "regex", "choice", "grammar"):
-            value = getattr(self, f"guided_{name}")
-            if value is not None:
-                given[name] = (f"guided_{name}", value)
+            if getattr(self, f"guided_{name}") is not None:
+                given[name] = (f"guided_{name}", getattr(self, f"guided_{name}"))
         fmt = self.response_format
         if fmt is not None and fmt.type == "json_object":
             given["json_object"] = ("response_format", True)
         elif fmt is not None and fmt.type == "json_schema":
-            if fmt.json_schema is None:
-                raise ValueError('response_format: type "json_schema" needs json_schema: {"name": ..., "schema": {...}}')
-            given["json"] = ("response_format.json_schema.schema", fmt.json_schema.json_schema)
-        if not given:
-            if options is not None:
-                raise ValueError("structured_outputs needs one of json, json_object, regex, choice, grammar")
-            return None
-        if len(given) > 1:
-            raise ValueError(f"{sorted(wire for wire, _ in given.values())[0]}: one grammar per request, got "
-                             f"{', '.join(sorted(wire for wire, _ in given.values()))}")
-        ((name, (wire, value)),) = given.items()
+            schema = None if fmt.json_schema is None else fmt.json_schema.json_schema
+            given["json"] = ("response_format.json_schema.schema", schema)
+        return given
+
+    def _structured(self, name: str, wire: str, value: Any) -> StructuredOutputsParams:
+        """StructuredOutputsParams(name=value), its errors naming the wire field."""
+        options = self.structured_outputs
         try:
             return StructuredOutputsParams(
                 **{name: value}, disable_any_whitespace=options.disable_any_whitespace if options else False)
         except (ValueError, TypeError) as e:
             raise type(e)(str(e).replace(f"structured_outputs.{name}", wire, 1)) from None
 
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The request's one grammar (None: unconstrained); ValueError naming the wire field."""
+        given = self._grammars()
+        if not given:
+            if self.structured_outputs is not None:
+                raise ValueError("structured_outputs needs one of json, json_object, regex, choice, grammar")
+            return None
+        wires = sorted(wire for wire, _ in given.values())
+        if len(given) > 1:
+            raise ValueError(f"{wires[0]}: one grammar per request, got {', '.join(wires)}")
+        ((name, (wire, value)),) = given.items()
+        if value is None:
+            raise ValueError('response_format: type "json_schema" needs json_schema: {"name": ..., "schema": {...}}')
+        return self._structured(name, wire, value)
+
     @property
     def constrained(self) -> bool:
-        """Whether the request asks for a grammar (the grammar, not a stop string, ends its turn)."""
-        fmt = self.response_format
-        return (fmt is not None and fmt.type != "text") or self.structured_outputs is not None or any(
-            getattr(self, f"guided_{name}") is not None for name in ("json", "regex", "choice", "grammar"))
+        """Whether a grammar (not a stop string) ends the turn."""
+        return bool(self._grammars()) or self.structured_outputs is not None
 
     def sample_logprobs(self) -> int | None:
         """How many top logprobs per sampled token (None: none asked)."""
@@ -323,12 +301,12 @@ class _SamplingFields(_Lenient):
 
     @property
     def continuous_usage(self) -> bool:
-        """Usage on every chunk: vLLM's continuous_usage_stats, which needs include_usage too."""
+        """vLLM's continuous_usage_stats, which needs include_usage too."""
         return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 def _token_id_keys(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
-    """OpenAI's logit_bias has token ids as strings ("50256": -100) -> SamplingParams' ints."""
+    """OpenAI's logit_bias keys are token ids as strings ("50256": -100)."""
     if not logit_bias:
         return None
     bad = [key for key in logit_bias if not key.strip().isdigit()]
@@ -362,7 +340,7 @@ class CompletionRequest(_SamplingFields):
         return super().unsupported()
 
     def engine_prompts(self) -> list[str | dict]:
-        """The prompts as the engine takes them: text, or {"prompt_token_ids": [...]}; one per choice."""
+        """The prompts as the engine takes them: text, or {"prompt_token_ids": [...]}."""
         if isinstance(self.prompt, str):
             return [self.prompt]
         if all(isinstance(p, str) for p in self.prompt):
@@ -418,8 +396,7 @@ class ChatMessage(_Lenient):
             content = self.content or ""
         else:
             content = "".join(p.text for p in self.content)
-        role = "system" if self.role == "developer" else self.role
-        message = {"role": role, "content": content}
+        message = {"role": "system" if self.role == "developer" else self.role, "content": content}
         if self.name:
             message["name"] = self.name
         if self.tool_calls:
@@ -454,18 +431,6 @@ class ToolDefinition(_Lenient):
     function: FunctionDefinition
 
 
-def _no_tools(tools: Any, choice: Any, tools_name: str, choice_name: str) -> tuple[str, str] | None:
-    """Tools are accepted only when the model may not call them: no tool calling here."""
-    if not tools:
-        if choice in (None, "none", "auto"):
-            return None
-        return choice_name, f"{choice_name}={choice!r} needs tool calling, which this server does not support"
-    if choice == "none":
-        return None
-    return tools_name, (f"{tools_name} with {choice_name}={'auto (the default)' if choice is None else repr(choice)} "
-                        f"needs tool calling, which this server does not support (only {choice_name}: \"none\")")
-
-
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: LaxInt | None = None
@@ -474,7 +439,7 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: Any = None  # "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
     parallel_tool_calls: bool = True  # OpenAI's: False -> "required" makes exactly one call
-    functions: Any = None  # OpenAI's older spelling of tools
+    functions: Any = None  # OpenAI's older spelling of tools: not served
     function_call: Any = None
     logprobs: bool = False  # the sampled tokens' logprobs (OpenAI's chat shape)
     top_logprobs: LaxInt | None = None  # and the most likely ones at each position (needs logprobs)
@@ -500,9 +465,13 @@ class ChatCompletionRequest(_SamplingFields):
                                        f'"function": {{"name": ...}}}}, got {self.tool_choice!r}')
         elif self.tool_choice not in (None, "none", "auto"):
             return "tool_choice", f"tool_choice={self.tool_choice!r} needs tools: the functions the model may call"
-        problem = _no_tools(self.functions, self.function_call, "functions", "function_call")
-        if problem is not None:
-            return problem
+        if self.functions and self.function_call != "none":
+            choice = "auto (the default)" if self.function_call is None else repr(self.function_call)
+            return "functions", (f"functions with function_call={choice} needs tool calling, which this server "
+                                 'does not support (only function_call: "none")')
+        if not self.functions and self.function_call not in (None, "none", "auto"):
+            return "function_call", (f"function_call={self.function_call!r} needs tool calling, which this "
+                                     "server does not support")
         return super().unsupported()
 
     @property
@@ -528,21 +497,12 @@ class ChatCompletionRequest(_SamplingFields):
         """A forced tool call is the request's grammar (and then the only one)."""
         if self.forced_tool is None:
             return super().structured_outputs_params()
-        options = self.structured_outputs
-        others = (self.response_format is not None and self.response_format.type != "text") or any(
-            getattr(self, f"guided_{name}") is not None for name in ("json", "regex", "choice", "grammar")) or (
-            options is not None and any(getattr(options, name) is not None
-                                        for name in ("json_", "json_object", "regex", "choice", "grammar")))
-        if others:
+        if self._grammars():
             raise ValueError("tool_choice: a forced tool call is the request's grammar; drop response_format "
                              "/ structured_outputs, or use tool_choice \"none\"")
         schema = forced_call_schema([tool.model_dump() for tool in self.tools], self.tool_choice,
                                     self.parallel_tool_calls)
-        try:
-            return StructuredOutputsParams(
-                json=schema, disable_any_whitespace=options.disable_any_whitespace if options else False)
-        except (ValueError, TypeError) as e:
-            raise type(e)(str(e).replace("structured_outputs.json", "tools: a function's parameters", 1)) from None
+        return self._structured("json", "tools: a function's parameters", schema)
 
     @property
     def constrained(self) -> bool:
@@ -575,6 +535,10 @@ class DetokenizeRequest(_Lenient):
 # -- responses ------------------------------------------------------------------------------
 
 
+def _now() -> int:
+    return int(time.time())
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
@@ -582,16 +546,13 @@ class Usage(BaseModel):
 
     @classmethod
     def of(cls, num_prompt_tokens: int, num_output_tokens: int) -> Usage:
-        return cls(
-            prompt_tokens=num_prompt_tokens,
-            completion_tokens=num_output_tokens,
-            total_tokens=num_prompt_tokens + num_output_tokens,
-        )
+        return cls(prompt_tokens=num_prompt_tokens, completion_tokens=num_output_tokens,
+                   total_tokens=num_prompt_tokens + num_output_tokens)
 
 
 class CompletionLogprobs(BaseModel):
-    """OpenAI's completions logprobs: per token its text, logprob (None for a prompt's first
-    token), the top ones {text: logprob}, and where its text starts in the choice's text."""
+    """Per token its text, logprob (None for a prompt's first token), the top ones
+    {text: logprob}, and where its text starts in the choice's text."""
 
     text_offset: list[int] = Field(default_factory=list)
     token_logprobs: list[float | None] = Field(default_factory=list)
@@ -611,7 +572,7 @@ class CompletionChoice(BaseModel):
 class CompletionResponse(BaseModel):
     id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int = Field(default_factory=_now)
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
@@ -659,7 +620,7 @@ class ChatChoice(BaseModel):
 class ChatCompletionResponse(BaseModel):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int = Field(default_factory=_now)
     model: str
     choices: list[ChatChoice]
     usage: Usage
@@ -690,19 +651,19 @@ class ChatChunkChoice(BaseModel):
 class ChatCompletionChunk(BaseModel):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int = Field(default_factory=_now)
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
 
 
 class ModelCard(BaseModel):
-    """An entry of /v1/models, with vLLM's fields: `root` is the model as the server was given
-    it, `parent` the base model of an adapter (None: this is no adapter)."""
+    """An entry of /v1/models with vLLM's fields: `root` is the model as the server was given
+    it, `parent` the base model of an adapter (None: no adapter)."""
 
     id: str
     object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int = Field(default_factory=_now)
     owned_by: str = "minilm-engine"
     root: str
     parent: str | None = None

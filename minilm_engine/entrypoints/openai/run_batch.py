@@ -1,4 +1,4 @@
-"""`minilm-engine run-batch -i requests.jsonl -o results.jsonl`: OpenAI's batch file format, like
+"""`minilm-engine run-batch -i requests.jsonl -o results.jsonl`: OpenAI's batch files, like
 `vllm run-batch`.
 
 Contract: `run_batch(llm, lines)` takes the lines of a batch input file, one request a line,
@@ -12,12 +12,9 @@ and returns one output line per input line (blank lines skipped), in input order
      "response": {"status_code": 200, "request_id": "cmpl-1", "body": {... what serve answers ...}},
      "error": null}
 
-A line that is not JSON, lacks a field, names another route, repeats a custom_id or has a body
-that `serve` would refuse gets its own line with the status code and error body `serve` would
-answer (custom_id null when the line has none) and `"error": {"code", "message"}`; every other
-line still runs.  Bodies are parsed, prepared and answered by the HTTP server's own code
-(`serving.py`), so a body gives here exactly what `POST` gives there (only `created` and the
-ids differ).  Every request is submitted to the engine at once, so it runs at full throughput.
+A bad line gets the status and error body `serve` would answer, and `"error": {"code",
+"message"}`; the other lines still run.  Bodies go through the server's own code (`serving.py`),
+all submitted at once so that the engine runs at full throughput.
 """
 
 from __future__ import annotations
@@ -35,11 +32,7 @@ from minilm_engine.entrypoints.chat_template import chat_format_for
 from minilm_engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from minilm_engine.entrypoints.openai.serving import APIError, OpenAIServing, parse_body
 
-# url -> (request model, how to prepare it, how to answer it)
-ROUTES = {
-    "/v1/completions": (CompletionRequest, "prepare_completion", "completion_response"),
-    "/v1/chat/completions": (ChatCompletionRequest, "prepare_chat", "chat_response"),
-}
+ROUTES = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
 
 
 def output_line(custom_id: str | None, status: int, request_id: str | None, body: dict,
@@ -81,15 +74,14 @@ def parse_line(text: str, line_number: int, seen: dict[str, int]) -> tuple[str |
 
 async def run_one(serving: OpenAIServing, custom_id: str, item: dict) -> dict:
     """One request through the server's code: parse, prepare, submit, answer."""
-    model, prepare, answer = ROUTES[item["url"]]
     try:
-        body = parse_body(item["body"], model)
+        body = parse_body(item["body"], ROUTES[item["url"]])
         if body.stream:
             raise APIError(400, "stream must be false in a batch (results are written as a whole)",
                            "stream", "invalid_value")
-        prepared = getattr(serving, prepare)(body)
+        prepared = serving.prepare(body)
         streams = await serving.submit(prepared)
-        return output_line(custom_id, 200, prepared.response_id, await getattr(serving, answer)(prepared, streams))
+        return output_line(custom_id, 200, prepared.response_id, await serving.response(prepared, streams))
     except APIError as e:
         return output_line(custom_id, e.status, None, e.body(), e)
     except RuntimeError as e:  # a failed engine step: this request is lost, the others go on
@@ -101,10 +93,8 @@ async def run_batch_async(llm: LLM, lines: Iterable[str], served_model_names: li
                           progress: bool = True) -> list[dict]:
     from tqdm.auto import tqdm
 
-    from minilm_engine.entrypoints.openai.api_server import model_root
-
     engine = AsyncLLMEngine(llm)
-    names = list(served_model_names or [model_root(llm)])
+    names = list(served_model_names or [llm.model_name])
     serving = OpenAIServing(engine, names, chat_format_for(llm.tokenizer, llm.model_path))
     seen: dict[str, int] = {}
     parsed = [parse_line(text, number, seen) for number, text in enumerate(lines, start=1) if text.strip()]
@@ -129,7 +119,5 @@ async def run_batch_async(llm: LLM, lines: Iterable[str], served_model_names: li
 
 def run_batch(llm: LLM, lines: Iterable[str], served_model_names: list[str] | None = None,
               progress: bool = True) -> list[dict]:
-    """The output lines (dicts) for the input `lines`, in input order (see the module docstring).
-    Where an event loop already runs (a notebook), the batch runs on a loop of its own in a
-    worker thread."""
+    """The output lines for the input `lines` (module docstring), also where an event loop runs."""
     return run_sync(run_batch_async(llm, lines, served_model_names, progress))

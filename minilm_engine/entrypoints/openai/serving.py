@@ -1,18 +1,14 @@
 """Completions and chat completions: validated request -> engine requests -> JSON or SSE chunks.
 
-Contract: `OpenAIServing.prepare_*` turn a parsed request into a `Prepared` (one engine
-`Request` per prompt and sample: a chat has n, a completion n per prompt of its list) or raise
-`APIError` (status, message, param, code) before anything reaches the engine; `submit` adds them
-all or none; `stream_*` yield the server-sent-event lines of a streamed answer ("data: {...}\\n\\n",
-then "data: [DONE]\\n\\n"); `*_response` wait for the whole answer.  Neither knows about HTTP
-connections: the routes in `api_server.py` abort the requests when their client goes away.
+Contract: `OpenAIServing.prepare(body)` turns a parsed request into a `Prepared` (one engine
+`Request` per prompt and sample) or raises `APIError` before anything reaches the engine;
+`submit` adds them all or none; `stream` yields the server-sent events of the answer ("data:
+{...}\\n\\n", then "data: [DONE]\\n\\n"), `response` waits for the whole answer.  Neither knows
+about HTTP: the routes in `api_server.py` abort the requests when their client goes away.
 
-Choices are indexed as OpenAI indexes them: with P prompts and n samples each, prompt i's
-sample j is choice i * n + j (the engine requests are made in that order).  A streamed chat
-sends the assistant's role in the chunk of each choice's first token, not before the prompt is
-processed, so a client's time to first token is the engine's.  Logprobs go out in OpenAI's two
-shapes (`logprobs_format.py`); `echo` puts the prompt (and, with logprobs, its logprobs) before
-a completion's text.  Usage counts each prompt once, however many samples it has (vLLM's).
+With P prompts and n samples each, prompt i's sample j is choice i * n + j (OpenAI's order).
+A streamed chat sends the role with each choice's first text, so a client's time to first token
+is the engine's.  Usage counts each prompt once, however many samples it has (vLLM's rule).
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -51,13 +47,12 @@ from minilm_engine.entrypoints.openai.tool_calls import read_tagged_tool_calls, 
 
 
 # OpenAI's service tiers -> the engine's priority (lower first).  "flex" is the batch tier:
-# slower, cheaper, served from what interactive requests leave (--scheduling-policy priority).
+# served from what interactive requests leave (--scheduling-policy priority).
 SERVICE_TIER_PRIORITY = {"auto": 0, "default": 0, "flex": 1000}
 
 
 class APIError(Exception):
-    """An error answered to the client as {"error": {message, type, param, code}}, with
-    `headers` added to the answer (a 429's Retry-After and x-ratelimit-*)."""
+    """Answered as {"error": {message, type, param, code}}, with `headers` (a 429's Retry-After)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  type: str = "invalid_request_error", headers: dict[str, str] | None = None):
@@ -71,16 +66,16 @@ class APIError(Exception):
 
 @dataclass
 class Prepared:
-    """One HTTP request, ready for the engine: its engine requests, one per choice (prompt i's
-    sample j at position i * n + j)."""
+    """One HTTP request, ready for the engine: one engine request per choice."""
 
     response_id: str
     requests: list[Request]
     model: str
+    chat: bool
     include_usage: bool  # a last chunk with the usage of the whole answer
     continuous_usage: bool  # usage on every chunk too (vLLM's continuous_usage_stats)
+    tokenizer: object  # for the tokens' text in logprobs
     echo: bool = False  # completions: each choice's text starts with its prompt
-    tokenizer: object = None  # for the tokens' text in logprobs
     # chat with tools: "auto" (calls read from the text if the model wrote any), "required" or a
     # function's name (a forced call: the text is the call); None: no tool calls
     tool_mode: str | None = None
@@ -89,19 +84,16 @@ class Prepared:
     def request_ids(self) -> list[str]:
         return [r.request_id for r in self.requests]
 
-    def num_prompt_tokens(self) -> int:
-        """Each prompt once, not once per sample."""
-        return sum(r.num_prompt_tokens for r in self.requests if r.index == 0)
-
     def usage(self, num_output_tokens: int) -> Usage:
-        return Usage.of(self.num_prompt_tokens(), num_output_tokens)
+        """Each prompt counted once, not once per sample."""
+        return Usage.of(sum(r.num_prompt_tokens for r in self.requests if r.index == 0), num_output_tokens)
 
     def prompt_text(self, request: Request) -> str:
         return request.prompt if request.prompt is not None else self.tokenizer.decode(request.prompt_token_ids)
 
     @staticmethod
     def prompt_logprobs(request: Request) -> list[PositionLogprobs | None] | None:
-        """A prompt's logprobs: sample 0 computes them for all n samples of its prompt."""
+        """Sample 0 computes the prompt's logprobs for all n samples of its prompt."""
         return (request.prefix_source or request).prompt_logprobs
 
 
@@ -117,9 +109,24 @@ class Answer:
     logprobs: list[PositionLogprobs] | None
 
 
+@dataclass
+class _Unsent:
+    """A streamed choice: what it has not sent yet, and where it stands."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    started: bool = False  # its first chunk went out (chat: with the role)
+    text_offset: int = 0  # completions: the text_offset of the next token
+    held: str = ""  # chat with tools: the text, sent once finished
+
+    def take(self) -> tuple[list[int], list]:
+        out, self.token_ids, self.logprobs = (self.token_ids, self.logprobs), [], []
+        return out
+
+
 def parse_body(payload: Any, model: type[BaseModel]):
-    """A decoded JSON body -> the request `model`, or a 400 naming the first field that is wrong
-    (the HTTP routes and run-batch parse through this one function)."""
+    """A decoded JSON body -> the request `model`, or a 400 naming the first wrong field (the
+    HTTP routes and run-batch parse through this one function)."""
     if not isinstance(payload, dict):
         raise APIError(400, f"The body must be a JSON object, got {type(payload).__name__}.", None, "invalid_json")
     try:
@@ -158,22 +165,8 @@ class OpenAIServing:
             raise APIError(404, f"The model `{model}` does not exist; this server serves "
                            f"{self.served_model_names}.", "model", "model_not_found")
 
-    def model_name(self, model: str | None) -> str:
-        """The name an answer carries: the request's, else the first served name (vLLM's rule
-        for a request that names no model)."""
-        return model if model is not None else self.served_model_names[0]
-
-    def _check_common(self, body: _SamplingFields) -> None:
-        self.check_model(body.model)
-        problem = body.unsupported()
-        if problem is not None:
-            param, message = problem
-            raise APIError(400, message, param, "invalid_value" if param in ("n", "prompt") else "unsupported_value")
-        warn_ignored(body.ignored_fields())
-
     def priority_of(self, body: _SamplingFields) -> int:
-        """The engine priority of a request: its `priority` if given, else its tier's (under
-        fcfs every tier is served in arrival order, and a priority other than 0 is a 400)."""
+        """Its `priority` if given, else its tier's (under fcfs all are 0; another is a 400)."""
         tier = body.service_tier
         if tier is not None and tier not in SERVICE_TIER_PRIORITY:
             raise APIError(400, f"service_tier must be one of {sorted(SERVICE_TIER_PRIORITY)}, got {tier!r}",
@@ -200,47 +193,47 @@ class OpenAIServing:
             requests = self.engine.make_requests(request_id, prompt, params, priority)
         except (ValueError, TypeError) as e:
             message = str(e)
-            param = _param_named_in(message, body)
-            if param is None:
-                param = "prompt" if isinstance(body, CompletionRequest) else "messages"
+            param = _param_named_in(message, body) or ("prompt" if isinstance(body, CompletionRequest) else "messages")
             code = "context_length_exceeded" if "context" in message else "invalid_value"
             raise APIError(400, message, param, code) from None
-        request = requests[0]
-        if max_tokens is not None and request.num_prompt_tokens + max_tokens > self.max_model_len:
+        num_prompt_tokens = requests[0].num_prompt_tokens
+        if max_tokens is not None and num_prompt_tokens + max_tokens > self.max_model_len:
             raise APIError(
                 400,
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                f"requested {request.num_prompt_tokens + max_tokens} tokens ({request.num_prompt_tokens} "
+                f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} "
                 f"in the prompt, {max_tokens} for the completion{self.engine.llm.input_processor.context_note()}). "
                 f"Reduce the prompt or max_tokens.",
                 "max_tokens", "context_length_exceeded",
             )
         return requests
 
-    def prepare_completion(self, body: CompletionRequest) -> Prepared:
-        self._check_common(body)
-        response_id = self.engine.new_request_id("cmpl")
-        prompts = body.engine_prompts()
-        # One engine request per prompt, all made (and so all checked) before any is submitted.
-        ids = [response_id] if len(prompts) == 1 else [f"{response_id}-{i}" for i in range(len(prompts))]
-        requests = [r for rid, prompt in zip(ids, prompts) for r in self._make(rid, prompt, body, body.max_tokens)]
-        return Prepared(response_id, requests, self.model_name(body.model), body.include_usage, body.continuous_usage,
-                        echo=body.echo, tokenizer=self.engine.llm.tokenizer)
-
-    def prepare_chat(self, body: ChatCompletionRequest) -> Prepared:
-        self._check_common(body)
-        tools = body.template_tools()
-        prompt = self.render(body.messages, {**(body.chat_template_kwargs or {}), **({"tools": tools} if tools else {})})
-        response_id = self.engine.new_request_id("chatcmpl")
-        # The template's stop strings end the assistant's turn, as an end-of-turn token does in
-        # a chat model's generation_config; vLLM's ignore_eos ignores those too (guidellm and
-        # `bench serve` ask for exactly max_tokens with ignore_eos and no stop).
-        # A grammar ends its own turn (it allows EOS only once complete), and its text may hold
-        # the template's stop strings (a newline in JSON's whitespace): no turn-end stops then.
-        turn_end = () if body.ignore_eos or body.constrained else self.chat_format.default_stop
-        requests = self._make(response_id, prompt, body, body.max_new_tokens, turn_end)
-        return Prepared(response_id, requests, self.model_name(body.model), body.include_usage, body.continuous_usage,
-                        tokenizer=self.engine.llm.tokenizer, tool_mode=body.tool_mode)
+    def prepare(self, body: CompletionRequest | ChatCompletionRequest) -> Prepared:
+        self.check_model(body.model)
+        problem = body.unsupported()
+        if problem is not None:
+            param, message = problem
+            raise APIError(400, message, param, "invalid_value" if param in ("n", "prompt") else "unsupported_value")
+        warn_ignored(body.ignored_fields())
+        chat = isinstance(body, ChatCompletionRequest)
+        response_id = self.engine.new_request_id("chatcmpl" if chat else "cmpl")
+        if chat:
+            tools = body.template_tools()
+            prompt = self.render(body.messages, {**(body.chat_template_kwargs or {}), **({"tools": tools} if tools else {})})
+            # The template's stop strings end the assistant's turn; ignore_eos ignores them too
+            # (guidellm and `bench serve` ask for exactly max_tokens that way), and a grammar
+            # ends its own turn (its JSON may hold a newline).
+            turn_end = () if body.ignore_eos or body.constrained else self.chat_format.default_stop
+            requests = self._make(response_id, prompt, body, body.max_new_tokens, turn_end)
+        else:
+            prompts = body.engine_prompts()
+            # One engine request per prompt, all made (and so all checked) before any is submitted.
+            ids = [response_id] if len(prompts) == 1 else [f"{response_id}-{i}" for i in range(len(prompts))]
+            requests = [r for rid, prompt in zip(ids, prompts) for r in self._make(rid, prompt, body, body.max_tokens)]
+        model = self.served_model_names[0] if body.model is None else body.model  # vLLM's default
+        return Prepared(response_id, requests, model, chat, body.include_usage, body.continuous_usage,
+                        self.engine.llm.tokenizer, echo=not chat and body.echo,
+                        tool_mode=body.tool_mode if chat else None)
 
     def render(self, messages, template_kwargs: dict | None = None) -> str:
         """Chat messages -> the prompt text (the chat template), or a 400 saying why not."""
@@ -254,8 +247,7 @@ class OpenAIServing:
             raise APIError(400, f"the chat template could not render these messages: {e}", "messages") from None
 
     async def submit(self, prepared: Prepared) -> list[RequestStream]:
-        """Add every request of `prepared` to the engine, or none: if one is refused, those
-        already added are aborted before the error is raised."""
+        """Add every request of `prepared` to the engine, or none (those added are aborted)."""
         streams: list[RequestStream] = []
         try:
             for request in prepared.requests:
@@ -271,7 +263,7 @@ class OpenAIServing:
             raise
         return streams
 
-    # -- answering --------------------------------------------------------------------------
+    # -- whole answers ----------------------------------------------------------------------
 
     @staticmethod
     async def collect(stream: RequestStream) -> Answer:
@@ -286,21 +278,23 @@ class OpenAIServing:
         return Answer("".join(pieces), last.finish_reason, last.stop_reason, last.num_output_tokens, token_ids,
                       logprobs if last.logprobs is not None else None)
 
-    async def completion_response(self, prepared: Prepared, streams: list[RequestStream]) -> dict:
+    async def response(self, prepared: Prepared, streams: list[RequestStream]) -> dict:
         answers = await asyncio.gather(*(self.collect(s) for s in streams))
-        choices = [self._completion_choice(prepared, i, request, answer)
-                   for i, (request, answer) in enumerate(zip(prepared.requests, answers))]
-        return CompletionResponse(
-            id=prepared.response_id, model=prepared.model, choices=choices,
+        choose = self._chat_choice if prepared.chat else self._completion_choice
+        response = ChatCompletionResponse if prepared.chat else CompletionResponse
+        return response(
+            id=prepared.response_id, model=prepared.model,
+            choices=[choose(prepared, i, answer) for i, answer in enumerate(answers)],
             usage=prepared.usage(sum(a.num_output_tokens for a in answers)),
         ).model_dump()
 
-    def _completion_choice(self, prepared: Prepared, index: int, request: Request, answer: Answer) -> CompletionChoice:
+    @staticmethod
+    def _completion_choice(prepared: Prepared, index: int, answer: Answer) -> CompletionChoice:
+        request = prepared.requests[index]
         text, token_ids, logprobs = answer.text, answer.token_ids, answer.logprobs
         if prepared.echo:
             text = prepared.prompt_text(request) + text
-            if logprobs is not None:
-                # the prompt's positions first (its first token has no logprob)
+            if logprobs is not None:  # the prompt's positions first (its first token has none)
                 token_ids = list(request.prompt_token_ids) + token_ids
                 logprobs = list(prepared.prompt_logprobs(request)) + logprobs
         return CompletionChoice(
@@ -309,127 +303,101 @@ class OpenAIServing:
             prompt_logprobs=_prompt_logprobs_json(prepared.prompt_logprobs(request)),
         )
 
-    async def chat_response(self, prepared: Prepared, streams: list[RequestStream]) -> dict:
-        answers = await asyncio.gather(*(self.collect(s) for s in streams))
-        messages = [_chat_message(a, prepared.tool_mode) for a in answers]
-        choices = [
-            ChatChoice(
-                index=i, message=m, finish_reason="tool_calls" if m.tool_calls else a.finish_reason,
-                stop_reason=a.stop_reason,
-                logprobs=None if a.logprobs is None else chat_logprobs(
-                    a.token_ids, a.logprobs, r.sampling_params.logprobs, prepared.tokenizer),
-            )
-            for i, (r, a, m) in enumerate(zip(prepared.requests, answers, messages))
-        ]
-        return ChatCompletionResponse(
-            id=prepared.response_id, model=prepared.model, choices=choices,
-            usage=prepared.usage(sum(a.num_output_tokens for a in answers)),
-        ).model_dump()
+    @staticmethod
+    def _chat_choice(prepared: Prepared, index: int, answer: Answer) -> ChatChoice:
+        message = _chat_message(answer.text, answer.finish_reason, prepared.tool_mode)
+        num_top = prepared.requests[index].sampling_params.logprobs
+        return ChatChoice(
+            index=index, message=message, finish_reason="tool_calls" if message.tool_calls else answer.finish_reason,
+            stop_reason=answer.stop_reason,
+            logprobs=None if answer.logprobs is None else chat_logprobs(
+                answer.token_ids, answer.logprobs, num_top, prepared.tokenizer),
+        )
 
-    async def stream_completion(self, prepared: Prepared, streams: list[RequestStream]) -> AsyncIterator[str]:
+    # -- streamed answers -------------------------------------------------------------------
+
+    async def stream(self, prepared: Prepared, streams: list[RequestStream]) -> AsyncIterator[str]:
         last: dict[int, StreamDelta] = {}
-        pending: dict[int, tuple[list[int], list]] = {}  # tokens whose text is held back, per choice
-        offsets: dict[int, int] = {}  # text_offset of the next token, per choice
+        unsent: dict[int, _Unsent] = {}
+        chunk_type = ChatCompletionChunk if prepared.chat else CompletionResponse
+        choices = self._chat_chunks if prepared.chat else self._completion_chunks
         async for index, delta in merge_streams(streams):
-            request = prepared.requests[index]
-            first = index not in last
             last[index] = delta
-            ids, lps = pending.setdefault(index, ([], []))
-            ids += delta.token_ids
+            state = unsent.setdefault(index, _Unsent())
+            state.token_ids += delta.token_ids
             if delta.logprobs is not None:
-                lps += delta.logprobs
-            text = delta.text
-            if first and prepared.echo:
-                text = prepared.prompt_text(request) + text
-                if request.logprobs is not None:
-                    ids[:0], lps[:0] = list(request.prompt_token_ids), list(prepared.prompt_logprobs(request))
-            if not text and not delta.finished:
-                continue  # text held back (a possible stop string): nothing to show yet
-            logprobs = None
+                state.logprobs += delta.logprobs
+            for choice in choices(prepared, index, delta, state):
+                usage = prepared.usage(sum(d.num_output_tokens for d in last.values()))
+                chunk = chunk_type(id=prepared.response_id, model=prepared.model, choices=[choice], usage=usage)
+                yield sse(chunk.model_dump(exclude=None if prepared.continuous_usage else {"usage"}))
+        if prepared.include_usage and last:  # a last event with no choices, only the usage
+            usage = prepared.usage(sum(d.num_output_tokens for d in last.values()))
+            yield sse(chunk_type(id=prepared.response_id, model=prepared.model, choices=[], usage=usage).model_dump())
+        yield sse("[DONE]")
+
+    @staticmethod
+    def _completion_chunks(prepared: Prepared, index: int, delta: StreamDelta, state: _Unsent) -> list:
+        request = prepared.requests[index]
+        text = delta.text
+        if not state.started and prepared.echo:
+            text = prepared.prompt_text(request) + text
             if request.logprobs is not None:
-                logprobs = completion_logprobs(ids, lps, prepared.tokenizer, offsets.get(index, 0))
-                offsets[index] = (logprobs.text_offset[-1] + len(logprobs.tokens[-1])) if ids else offsets.get(index, 0)
-            pending[index] = ([], [])
-            chunk = CompletionResponse(
-                id=prepared.response_id, model=prepared.model,
-                choices=[CompletionChoice(index=index, text=text, finish_reason=delta.finish_reason,
-                                          stop_reason=delta.stop_reason if delta.finished else None,
-                                          logprobs=logprobs)],
-                usage=self._usage_so_far(prepared, last) if prepared.continuous_usage else None,
-            )
-            yield sse(chunk.model_dump(exclude=None if prepared.continuous_usage else {"usage"}))
-        if prepared.include_usage and last:
-            yield _usage_event(CompletionResponse, prepared, last)
-        yield sse("[DONE]")
-
-    async def stream_chat(self, prepared: Prepared, streams: list[RequestStream]) -> AsyncIterator[str]:
-        last: dict[int, StreamDelta] = {}
-        role_sent: set[int] = set()
-        pending: dict[int, tuple[list[int], list]] = {}
-
-        def chunk(index: int, delta: ChatDelta, finish_reason: str | None = None, logprobs=None) -> str:
-            body = ChatCompletionChunk(
-                id=prepared.response_id, model=prepared.model,
-                choices=[ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)],
-                usage=self._usage_so_far(prepared, last) if prepared.continuous_usage else None,
-            )
-            return sse(body.model_dump(exclude=None if prepared.continuous_usage else {"usage"}))
-
-        held: dict[int, str] = {}  # forced tool calls: the text, sent as tool_calls once finished
-        async for index, delta in merge_streams(streams):
-            last[index] = delta
-            request = prepared.requests[index]
-            if prepared.tool_mode is not None:
-                held[index] = held.get(index, "") + delta.text
-                if delta.finished:
-                    for line in self._tool_call_chunks(chunk, index, held[index], delta, prepared.tool_mode):
-                        yield line
-                continue
-            ids, lps = pending.setdefault(index, ([], []))
-            ids += delta.token_ids
-            if delta.logprobs is not None:
-                lps += delta.logprobs
-            # The role rides on the first text (or on the end of an answer with none), so the
-            # first chunk a client sees comes after the prompt was processed.  Logprobs of
-            # tokens whose text was held back go out with the next text, or at the end.
-            if delta.text or (delta.finished and (index not in role_sent or (ids and request.logprobs is not None))):
-                logprobs = None
-                if request.logprobs is not None:
-                    logprobs = chat_logprobs(ids, lps, request.sampling_params.logprobs, prepared.tokenizer)
-                    pending[index] = ([], [])
-                role = None if index in role_sent else "assistant"
-                yield chunk(index, ChatDelta(role=role, content=delta.text), logprobs=logprobs)
-                role_sent.add(index)
-            if delta.finished:
-                yield chunk(index, ChatDelta(), delta.finish_reason)
-        if prepared.include_usage and last:
-            yield _usage_event(ChatCompletionChunk, prepared, last)
-        yield sse("[DONE]")
+                state.token_ids[:0] = request.prompt_token_ids
+                state.logprobs[:0] = prepared.prompt_logprobs(request)
+        state.started = True
+        if not text and not delta.finished:
+            return []  # text held back (a possible stop string): nothing to show yet
+        token_ids, rows = state.take()
+        logprobs = None
+        if request.logprobs is not None:
+            logprobs = completion_logprobs(token_ids, rows, prepared.tokenizer, state.text_offset)
+            if token_ids:
+                state.text_offset = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+        return [CompletionChoice(index=index, text=text, finish_reason=delta.finish_reason,
+                                 stop_reason=delta.stop_reason if delta.finished else None, logprobs=logprobs)]
 
     @staticmethod
-    def _tool_call_chunks(chunk, index: int, text: str, delta: StreamDelta, tool_mode: str):
-        """A finished answer that may hold tool calls, streamed once done (its text is held back
-        until then): any text first, the calls in one delta (each call's arguments whole, one
-        fragment), then the end."""
-        answer = Answer(text, delta.finish_reason, delta.stop_reason, delta.num_output_tokens, [], None)
-        message = _chat_message(answer, tool_mode)
-        if message.content or not message.tool_calls:
-            yield chunk(index, ChatDelta(role="assistant", content=message.content or ""))
-        if not message.tool_calls:
-            yield chunk(index, ChatDelta(), delta.finish_reason)
-            return
-        tool_calls = [ToolCallDelta(index=k, **call.model_dump()) for k, call in enumerate(message.tool_calls)]
-        yield chunk(index, ChatToolCallsDelta(role=None if message.content else "assistant", tool_calls=tool_calls))
-        yield chunk(index, ChatDelta(), "tool_calls")
+    def _chat_chunks(prepared: Prepared, index: int, delta: StreamDelta, state: _Unsent) -> list:
+        if prepared.tool_mode is not None:  # the text may be calls: sent once finished
+            state.held += delta.text
+            return _tool_call_chunks(index, state.held, delta, prepared.tool_mode) if delta.finished else []
+        request = prepared.requests[index]
+        out = []
+        # The role rides on the first text (or on the end of an answer with none).  Logprobs of
+        # tokens whose text was held back go out with the next text, or at the end.
+        with_logprobs = request.logprobs is not None
+        if delta.text or (delta.finished and (not state.started or (state.token_ids and with_logprobs))):
+            token_ids, rows = state.take()
+            logprobs = None
+            if with_logprobs:
+                logprobs = chat_logprobs(token_ids, rows, request.sampling_params.logprobs, prepared.tokenizer)
+            role = None if state.started else "assistant"
+            out.append(ChatChunkChoice(index=index, delta=ChatDelta(role=role, content=delta.text), logprobs=logprobs))
+            state.started = True
+        if delta.finished:
+            out.append(ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=delta.finish_reason))
+        return out
 
-    @staticmethod
-    def _usage_so_far(prepared: Prepared, last: dict[int, StreamDelta]) -> Usage:
-        return prepared.usage(sum(d.num_output_tokens for d in last.values()))
+
+def _tool_call_chunks(index: int, text: str, delta: StreamDelta, tool_mode: str) -> list[ChatChunkChoice]:
+    """A finished answer that may hold tool calls: any text first, the calls in one delta (each
+    call's arguments whole), then the end."""
+    message = _chat_message(text, delta.finish_reason, tool_mode)
+    out = []
+    if message.content or not message.tool_calls:
+        out.append(ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=message.content or "")))
+    if not message.tool_calls:
+        return out + [ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=delta.finish_reason)]
+    calls = [ToolCallDelta(index=k, **call.model_dump()) for k, call in enumerate(message.tool_calls)]
+    role = None if message.content else "assistant"
+    return out + [ChatChunkChoice(index=index, delta=ChatToolCallsDelta(role=role, tool_calls=calls)),
+                  ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason="tool_calls")]
 
 
 async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, StreamDelta]]:
-    """(index, delta) of several request streams, in the order the deltas arrive; ends when all
-    have ended, raises the first error any of them raises."""
+    """(index, delta) of several request streams, in arrival order; ends when all have ended,
+    raises the first error any of them raises."""
     if len(streams) == 1:  # the common case needs no tasks
         async for delta in streams[0]:
             yield 0, delta
@@ -462,12 +430,6 @@ async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int
             task.cancel()
 
 
-def _usage_event(chunk_class, prepared: Prepared, last: dict[int, StreamDelta]) -> str:
-    """The last event of a stream asked with stream_options.include_usage: no choices, usage."""
-    usage = prepared.usage(sum(d.num_output_tokens for d in last.values()))
-    return sse(chunk_class(id=prepared.response_id, model=prepared.model, choices=[], usage=usage).model_dump())
-
-
 def _prompt_logprobs_json(rows: list[PositionLogprobs | None] | None) -> list[dict | None] | None:
     """vLLM's `prompt_logprobs` field: per prompt token {id: {logprob, rank, decoded_token}}."""
     if rows is None:
@@ -477,21 +439,16 @@ def _prompt_logprobs_json(rows: list[PositionLogprobs | None] | None) -> list[di
         for token_id, lp in row.items()} for row in rows]
 
 
-def _read_calls(answer: Answer, tool_mode: str | None) -> tuple[str | None, list[dict]] | None:
-    """(the text before the calls, the calls) of a finished answer, or None: no tools, no call
-    written (auto), or cut short."""
-    if tool_mode is None or answer.finish_reason != "stop":
-        return None
-    if tool_mode == "auto":
-        return read_tagged_tool_calls(answer.text)
-    calls = read_tool_calls(answer.text, None if tool_mode == "required" else tool_mode)
-    return None if calls is None else (None, calls)
-
-
-def _chat_message(answer: Answer, tool_mode: str | None) -> ChatResponseMessage:
-    found = _read_calls(answer, tool_mode)
+def _chat_message(text: str, finish_reason: str | None, tool_mode: str | None) -> ChatResponseMessage:
+    """The message of a finished answer, with the tool calls it holds (none when cut short)."""
+    found = None
+    if tool_mode == "auto" and finish_reason == "stop":
+        found = read_tagged_tool_calls(text)
+    elif tool_mode is not None and finish_reason == "stop":
+        calls = read_tool_calls(text, None if tool_mode == "required" else tool_mode)
+        found = None if calls is None else (None, calls)
     if found is None:
-        return ChatResponseMessage(content=answer.text)
+        return ChatResponseMessage(content=text)
     return ChatResponseMessage(content=found[0], tool_calls=found[1])
 
 
