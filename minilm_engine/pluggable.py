@@ -1,20 +1,16 @@
 """Named, replaceable pieces of the engine: the seams where another function may run instead.
 
-Contract: a core function decorated `@replaceable("kv_cache.slot_mapping")` runs exactly as
-written until a replacement is installed with `override(name, fn)` (a context manager); inside
-it, every call of the decorated function, from anywhere in the engine, goes to `fn`.  The core
-knows nobody who installs: `course/teaching/build.py` swaps a learner's function in to check it in
-the real engine, without touching a package file.
+Contract: a function decorated `@replaceable("kv_cache.slot_mapping")` runs as written until
+`override(name, fn)` (a context manager) installs a replacement: inside it, every call, from
+anywhere in the engine, goes to `fn`.  A replacement that calls the decorated function gets the
+original, and `num_delegations(name)` counts such calls (a replacement that only hands the work
+back).  Overrides are process-wide and never nest for one name.  The engine knows nobody who
+installs: `course/teaching/build.py` swaps a learner's function in.
 
     core:      @replaceable("scheduler.preemption_victim")
                def preemption_victim(candidates): ...        <- the package's own piece
     caller:    with override("scheduler.preemption_victim", my_fn):
                    llm.generate(...)                          <- the engine calls my_fn
-
-A replacement that itself calls the decorated function gets the package's original (not
-itself again), and `num_delegations(name)` counts such calls, so a checker can tell a
-replacement that only hands the work back.  Overrides are process-wide (the engine thread of
-the server sees them too) and never nest for one name.
 """
 
 from __future__ import annotations
@@ -83,8 +79,7 @@ def is_package_function(name: str, fn: Any) -> bool:
 
 
 def is_overridden(name: str) -> bool:
-    """Whether a replacement for piece `name` is installed (a caller with a batched path of its
-    own then goes through the piece, so that the replacement runs)."""
+    """Whether a replacement for piece `name` is installed (a batched path then yields to it)."""
     _known(name)
     return name in _active
 

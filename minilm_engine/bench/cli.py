@@ -1,8 +1,6 @@
-"""`minilm-engine bench serve ...`: the command line of the load generator, spelled as vLLM's.
-
-Contract: `add_bench_parser(subparsers)` registers `bench serve`, which accepts a `vllm bench
-serve` command line (its flags, `--backend openai` / `vllm` / `openai-chat`, `--dataset-name
-random` / `custom`) besides this package's own spellings, which keep working:
+"""`minilm-engine bench serve ...`: the load generator's command line, which takes a `vllm bench
+serve` command line (`--backend openai` / `vllm` / `openai-chat`, `--dataset-name random` /
+`custom`) besides this package's own spellings:
 
     ours                 vLLM's                                 meaning
     --dataset noodle     --dataset-name noodle                  noodle-shop prompts (the default)
@@ -14,9 +12,8 @@ random` / `custom`) besides this package's own spellings, which keep working:
     --result-file F      --save-result [--result-filename F] [--result-dir D]   the JSON result
     --no-progress        --disable-tqdm
 
-`run_bench_serve(args)` runs it (an initial single request first, `--num-warmups` more), prints
-vLLM's report ("Mean TTFT (ms):", "P99 TTFT (ms):", ...) and writes vLLM's JSON keys; it
-returns 0 when some request completed, 1 when none did, 2 on bad arguments or a failed test.
+`run_bench_serve(args)` prints vLLM's report and writes vLLM's JSON keys; it returns 0 when
+some request completed, 1 when none did, 2 on bad arguments or a failed initial test.
 """
 
 from __future__ import annotations
@@ -53,7 +50,7 @@ WIDTH = 50  # vLLM's report width
 
 
 def format_report(result: BenchResult) -> str:
-    """The run as `vllm bench serve` prints it, same labels in the same order (plus the endpoint)."""
+    """The run as `vllm bench serve` prints it (plus the endpoint)."""
     m, c = result.metrics, result.config
 
     def row(label: str, value, fmt: str = "") -> str:
@@ -222,8 +219,8 @@ def dataset_of(args: argparse.Namespace) -> tuple[str, str | None]:
 
 def random_lengths(input_len: int | None, output_len: int | None, range_ratio: float,
                    max_model_len: int | None) -> tuple[int, int]:
-    """The random dataset's lengths: the ones given, else vLLM's defaults (1024 in, 128 out),
-    cut to fit `max_model_len` (the served model's context, when known) at the longest draw."""
+    """The lengths given, else vLLM's defaults (1024 in, 128 out) cut to fit `max_model_len`
+    (the served model's, when known) at the longest draw."""
     want_in, want_out = input_len or RANDOM_LENS[0], output_len or RANDOM_LENS[1]
     if max_model_len is None or (input_len and output_len):
         return want_in, want_out
@@ -288,8 +285,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def result_path(args: argparse.Namespace, config: BenchConfig) -> Path | None:
-    """Where the JSON goes: --result-file / --result-filename, else with --save-result vLLM's
-    name "{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json"; in --result-dir if given."""
+    """--result-file, else with --save-result vLLM's name "{label}-{rate}qps[-concurrency{N}]-
+    {model}-{date}.json"; in --result-dir if given."""
     if args.result_file is None and not args.save_result:
         return None
     name = args.result_file

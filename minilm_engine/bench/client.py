@@ -1,20 +1,15 @@
 """A client that copes with a busy server: retries with exponential backoff and full jitter.
 
-Contract: `RetryPolicy` says which answers are worth another try (429 Too Many Requests, 503
-Service Unavailable, and no answer at all) and how long to wait; `backoff_delay(policy, attempt,
-retry_after_s, rng)` is that wait; `with_retries(attempt, policy, rng)` calls `attempt()` (one
-request, e.g. `serve.send_request`: streamed, with the client's timeout) until it succeeds, gets
-an answer not worth retrying, or runs out of retries, and returns the last `RequestResult` with
-`sent_time` set to the first try: its TTFT and E2E include the waiting, as the user lives it.
+Contract: `RetryPolicy` says which answers are worth another try (429, 503, no answer at all)
+and how long to wait; `with_retries(attempt, policy, rng)` calls `attempt()` until it succeeds,
+gets an answer not worth retrying, or runs out of retries, and returns the last result timed
+from the first try (its TTFT and E2E include the waiting, as the user lives it).
 
     wait before retry n (n = 0, 1, ...) = Retry-After (if the server sent one)
                                          + uniform(0, min(max_delay, base_delay x 2^n))
 
-Why full jitter (a uniform draw from zero up to the exponential cap, not the cap itself): clients
-refused together would otherwise come back together and be refused together again; spread over
-the whole interval they arrive as the bucket refills.  Why Retry-After first: the server knows
-when the request would pass; retrying before that is a wasted round trip and, for a token
-limit, a request that cannot pass yet.
+Full jitter spreads clients refused together over the whole interval, so they do not come back
+together; Retry-After first, because the server knows when the request would pass.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""The requests a serving benchmark sends: noodle-shop prompts or a JSONL file, with length laws.
+"""The requests a serving benchmark sends: noodle-shop prompts or a JSONL file.
 
-Contract: `noodle_requests(...)` and `jsonl_requests(...)` return `BenchRequest`s (prompt text
-and max_tokens), the same for the same arguments on every machine.  Lengths are drawn like
-`vllm bench serve --random-range-ratio`: uniform in [L * (1 - r), L * (1 + r)], at least 1.
-Noodle prompts come from the corpus sample shipped with the models (`model.loader.
-shipped_corpus_sample`), drawn with the seed.  With an input length, a prompt is the beginning
-of sampled documents cut to that many tokens (counted with `tokenizer` when one is given, else
-estimated at 4 characters a token); without, it is a document's first line (a few tokens), as
-the shipped models know them.
+Contract: `noodle_requests` and `jsonl_requests` return `BenchRequest`s, the same for the same
+arguments on every machine.  Lengths are uniform in [L * (1 - r), L * (1 + r)] (vLLM's
+--random-range-ratio).  With an input length, a noodle prompt is corpus text cut to that many
+tokens (4 characters a token without a tokenizer); without, a document's first line.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
-"""From raw per-request timestamps to the numbers a serving benchmark reports.
+"""From raw per-request timestamps to the numbers a serving benchmark reports (`vllm bench serve`'s).
 
-Contract: `RequestResult` holds what the client saw of one request (when it was sent, when each
-streamed chunk arrived, how many tokens); `summarize(results, duration_s, slo)` turns a list of
-them into `BenchmarkMetrics`: request and token throughput, TTFT / TPOT / ITL / E2E mean,
-median, standard deviation, P90, P99 and any other percentiles asked (milliseconds), goodput (the
-rate of requests that met every SLO), and the peak output throughput over one-second buckets.
-Definitions follow `vllm bench serve`:
+Contract: `RequestResult` is what the client saw of one request; `summarize(results,
+duration_s, slo)` gives `BenchmarkMetrics`: throughputs, each latency's mean, median, standard
+deviation and percentiles (milliseconds; numpy's linear interpolation), goodput, and the peaks.
 
-    TTFT  first chunk - sent                       (queueing + prefill, as the user sees it)
-    ITL   each gap between two chunks               (one value per gap, pooled over requests)
-    TPOT  (E2E - TTFT) / (output tokens - 1)        (per request, then summarized)
-    E2E   last chunk - sent
-    goodput = requests meeting all SLOs / duration  (an SLO is a bound on TTFT, TPOT or E2E)
-    peak    = most chunks arriving within one second (bucketed from the first request sent),
-              and the most requests in flight during any one second
-
-Percentiles are numpy's default (linear interpolation between order statistics).
+    TTFT  first chunk - sent                 ITL   each gap between two chunks (pooled)
+    TPOT  (E2E - TTFT) / (output tokens - 1) E2E   last chunk - sent
+    goodput = requests meeting every SLO (bounds on TTFT, TPOT, E2E) / duration
+    peak    = most chunks, and most requests in flight, within one second
 """
 
 from __future__ import annotations
@@ -66,8 +58,7 @@ class RequestResult:
 
 @dataclass
 class Summary:
-    """mean / median / P90 / P99 of one latency, in milliseconds (None without samples), its
-    standard deviation, and `percentiles`: {p: value} for the percentiles a report asked for."""
+    """One latency in milliseconds (None without samples); `percentiles`: those a report asked for."""
 
     mean: float | None
     median: float | None
@@ -162,8 +153,8 @@ def parse_metric_names(text: str) -> tuple[str, ...]:
 
 
 def peak_throughput(results: list[RequestResult]) -> tuple[float, int]:
-    """(most chunks within one second, most requests in flight in one second), over one-second
-    buckets from the first request sent, as vLLM computes its peak output throughput."""
+    """(most chunks, most requests in flight) within one second, over one-second buckets from
+    the first request sent, as vLLM computes its peak output throughput."""
     done = [r for r in results if r.success and r.chunk_times]
     if not done:
         return 0.0, 0
@@ -179,8 +170,7 @@ def peak_throughput(results: list[RequestResult]) -> tuple[float, int]:
 
 def summarize(results: list[RequestResult], duration_s: float, slo: dict[str, float] | None = None,
               percentiles: tuple[float, ...] = (90, 99)) -> BenchmarkMetrics:
-    """The metrics of a run; `percentiles` are the extra ones each Summary keeps (P90 and P99
-    are always there)."""
+    """The metrics of a run; `percentiles`: the ones each Summary keeps besides P90 and P99."""
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
     done = [r for r in results if r.success]

@@ -1,18 +1,12 @@
-"""The load generator behind `minilm-engine bench serve` (like `vllm bench serve`; flags in entrypoints/cli/main.py).
+"""The load generator behind `minilm-engine bench serve` (like `vllm bench serve`; flags in cli.py).
 
-Contract: `run_benchmark(config, requests)` sends `requests` (datasets.py) to
-`config.base_url` at `config.request_rate` requests/s (Poisson arrivals; `burstiness` != 1
-draws gamma gaps of the same mean: < 1 burstier, > 1 more regular) or as fast as
-`max_concurrency` allows, streams every answer (a refused one retried up to `max_retries`
-times, with backoff and jitter, honouring Retry-After: client.py), and returns a `BenchResult`: the raw
-per-request timestamps and their `BenchmarkMetrics` (metrics.py).  With `initial_test`, as
-vLLM does, the first request is sent once alone before the clock starts (retried while the
-server cannot be reached, up to `ready_timeout_s`), then `num_warmups` copies of it, so a server
-that loads lazily is not measured cold; a failed test raises ValueError instead of measuring
-nothing.  It speaks only the OpenAI protocol over HTTP (httpx), so the same run measures this
-package's server, vLLM, SGLang, `transformers serve`, or a hosted endpoint.  `sweep` repeats
-it over several rates: the throughput-latency curve.  `BenchResult.to_dict()` is the JSON
-result, with vLLM's keys (`duration`, `completed`, `mean_ttft_ms`, `p99_ttft_ms`, ...).
+Contract: `run_benchmark(config, requests)` sends `requests` (datasets.py) to `config.base_url`
+at `request_rate` requests/s (gamma gaps of shape `burstiness`: 1 is Poisson, < 1 burstier) or
+as fast as `max_concurrency` allows, retrying refusals up to `max_retries` times (client.py),
+and returns a `BenchResult`: per-request timestamps and their `BenchmarkMetrics` (metrics.py).
+With `initial_test`, as vLLM, one request goes alone first (and `num_warmups` copies), so a lazy
+server is not measured cold; a failed test raises ValueError.  It speaks only the OpenAI
+protocol over HTTP, so it measures any server.  `sweep` repeats it over several rates.
 
     arrivals (Poisson, rate λ)     |   |  | |     |  |   |        gaps ~ Exp(λ)  (gamma, shape b)
     each request                   sent ──TTFT──▶ chunk ─ITL─▶ chunk ... ▶ last   (E2E)
@@ -21,6 +15,7 @@ result, with vLLM's keys (`duration`, `completed`, `mean_ttft_ms`, `p99_ttft_ms`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import math
@@ -99,12 +94,9 @@ class BenchResult:
     start_time: float  # perf_counter when the first request was due
 
     def to_dict(self, detailed: bool = True) -> dict:
-        """The JSON result file, with the keys `vllm bench serve` writes: the run's settings,
-        `duration`, `completed`, `failed`, token totals and throughputs, and per latency in
-        `config.percentile_metrics` its `mean_*_ms`, `median_*_ms`, `std_*_ms` and `p{N}_*_ms`
-        (None where there were no samples, e.g. TPOT of one-token answers).  `detailed` adds
-        the per-request lists (in request order; a failed request has TTFT 0 and no ITLs, as
-        vLLM writes them).  Keys of our own: base_url, endpoint, slo, sampling settings."""
+        """The JSON result with `vllm bench serve`'s keys (`duration`, `completed`, `mean_ttft_ms`,
+        `p99_ttft_ms`, ...; None without samples); `detailed` adds the per-request lists (a
+        failed request has TTFT 0 and no ITLs, as vLLM writes them)."""
         c, m = self.config, self.metrics
         settings = {k: v for k, v in asdict(c).items()
                     if k in ("base_url", "endpoint", "burstiness", "max_concurrency", "temperature", "ignore_eos",
@@ -249,12 +241,10 @@ NO_TEXT = "the server answered no text"
 
 
 async def initial_test(client, config: BenchConfig, request: BenchRequest, retry_interval_s: float = 1.0) -> RequestResult:
-    """Send `request` once, alone, before a timed run (as vLLM does).  While the server cannot
-    answer (not reachable yet, a 5xx while it loads, a 429: the key's limit is used up for now) it
-    is retried until `config.ready_timeout_s`, after the server's Retry-After if it sent one; any
-    other failure (a 4xx, a broken stream), or none by then, raises ValueError: the run would
-    measure only failures.  A complete answer with no text passes: a sampled model may end on its
-    first token, and that says nothing against the server or the arguments."""
+    """Send `request` alone before a timed run (as vLLM does), retried until
+    `config.ready_timeout_s` while the server cannot answer (unreachable, a 5xx, a 429); any
+    other failure raises ValueError.  A complete answer with no text passes (a sampled model may
+    end on its first token)."""
     deadline = time.monotonic() + config.ready_timeout_s
     while True:
         result = await send_request(client, config, request)
@@ -268,16 +258,6 @@ async def initial_test(client, config: BenchConfig, request: BenchRequest, retry
         await asyncio.sleep(wait)
 
 
-async def _gather_limited(limit: asyncio.Semaphore | None, coroutines: list) -> list:
-    async def one(coroutine):
-        if limit is None:
-            return await coroutine
-        async with limit:
-            return await coroutine
-
-    return await asyncio.gather(*(one(c) for c in coroutines))
-
-
 async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest],
                               on_result: Callable[[RequestResult], None] | None = None,
                               progress: bool = True) -> BenchResult:
@@ -287,7 +267,7 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest],
     if not requests:
         raise ValueError("no requests to send")
     offsets = arrival_offsets(len(requests), config.request_rate, config.burstiness, config.seed)
-    limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
+    limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else contextlib.nullcontext()
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     # No connection cap of httpx's own: concurrency is what this benchmark sets.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -299,8 +279,11 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest],
     async with httpx.AsyncClient(timeout=config.timeout_s, headers=headers, limits=limits) as client:
         if config.initial_test:
             await initial_test(client, config, requests[0])
-        if config.num_warmups:
-            await _gather_limited(limit, [send_request(client, config, requests[0]) for _ in range(config.num_warmups)])
+        async def warmup() -> None:
+            async with limit:
+                await send_request(client, config, requests[0])
+
+        await asyncio.gather(*(warmup() for _ in range(config.num_warmups)))
         start = time.perf_counter()
 
         async def one(i: int) -> None:
@@ -309,10 +292,7 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest],
                 await asyncio.sleep(delay)
             rng = random.Random(config.seed * 1_000_003 + i)  # this request's jitter, run to run the same
             send = functools.partial(send_request, client, config, requests[i])
-            if limit is not None:
-                async with limit:  # a request waiting to retry keeps its slot, as a real client does
-                    result = await with_retries(send, policy, rng)
-            else:
+            async with limit:  # a request waiting to retry keeps its slot, as a real client does
                 result = await with_retries(send, policy, rng)
             results[i] = result
             bar.update(1)
@@ -333,8 +313,7 @@ def run_benchmark(config: BenchConfig, requests: list[BenchRequest],
 
 
 def run_sync(coroutine):
-    """Run a coroutine to completion from synchronous code, also where an event loop already
-    runs (a notebook): then it runs on a thread of its own."""
+    """Run a coroutine from synchronous code, on a thread of its own where a loop already runs."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -356,8 +335,7 @@ def run_sync(coroutine):
 
 
 def sweep(config: BenchConfig, requests: list[BenchRequest], rates: list[float], progress: bool = True) -> list[BenchResult]:
-    """The same requests at each rate in turn: a throughput-latency curve (the initial test and
-    the warm-ups, if any, only before the first)."""
+    """The same requests at each rate in turn (the initial test and warm-ups only before the first)."""
     out = []
     for i, rate in enumerate(rates):
         step = replace(config, request_rate=rate)

@@ -1,5 +1,5 @@
-"""Serving over HTTP: an asyncio front for the engine (async_engine.py), the OpenAI-compatible
-server (openai/), its Prometheus metrics (metrics.py) and chat templates (entrypoints/chat_template.py)."""
+"""The front doors: `LLM`, the engine's step loop, the asyncio front (async_engine.py), the
+OpenAI-compatible server (openai/), its metrics and the CLI (cli/)."""
 
 from minilm_engine.entrypoints.async_engine import AsyncLLMEngine, EngineStats, RequestStream, StreamDelta
 

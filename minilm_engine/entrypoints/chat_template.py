@@ -1,27 +1,18 @@
 """Chat messages -> one prompt string: the checkpoint's own chat template, or the noodle shop's.
 
 Contract: `chat_format_for(tokenizer, model_path)` returns the `ChatFormat` to use, or None when
-the model has no template we know (the server then answers chat requests with a clear 400).
-`render_chat(tokenizer, fmt, messages)` renders with Hugging Face's `apply_chat_template`, the
-same Jinja machinery every checkpoint's template runs on, and ends with the prompt that asks the
-model for the assistant's turn.
+the model has no template we know (chat requests then get a clear 400); `render_chat` renders
+with Hugging Face's `apply_chat_template` and ends with the prompt for the assistant's turn.
 
-The shipped models were never trained on a chat format: they know the noodle shop's dialogues
-(`course/noodle_corpus.py`, `make_dialogue`), where each line is "Name: words".  So their
-template writes the conversation as such a dialogue, the assistant as a waiter and the user as a
-guest, and the waiter's line ends at the newline (`default_stop`):
+The shipped models know the noodle shop's dialogues ("Name: words" lines), not a chat format,
+so their template writes the conversation as such a dialogue, the waiter's line ending at the
+newline (`default_stop`); tool calls use the Hermes format, read back by `openai/tool_calls.py`:
 
-    system     -> its text, on its own line (the corpus's house rules come first, like this)
+    system     -> its text, on its own line; then 'Tool order: Order bowls. {...schema}' each
     user       -> "Ana: I would like one bowl of Miso Ramen.\\n"
-    assistant  -> "Sam: So that is one bowl of Miso Ramen for table 4.\\n"
-    (prompt)   -> "Sam:"      the model continues the waiter's line
-
-Tool calling uses the Hermes format (Qwen's templates use it too), which
-`entrypoints/openai/tool_calls.py` reads back:
-
-    tools      -> 'Tool order: Order bowls. {"type": "object", ...}\\n' each, after the system line
-    assistant  -> 'Sam: <tool_call>{"name": "order", "arguments": {...}}</tool_call>\\n'  (its calls)
+    assistant  -> 'Sam: <tool_call>{"name": "order", "arguments": {...}}</tool_call>\\n'
     tool       -> "Tool: {...}\\n"   (a call's result)
+    (prompt)   -> "Sam:"      the model continues the waiter's line
 """
 
 from __future__ import annotations

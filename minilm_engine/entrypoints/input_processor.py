@@ -1,12 +1,10 @@
 """Prompts in, `Request`s out: tokenization and validation at the engine's boundary.
 
-Contract: `InputProcessor.make_request` either returns a `Request` ready to schedule or raises
-`ValueError` / `TypeError` naming the problem, before any engine state changes, so one bad
-request never disturbs the others.  `make_requests` fans a request with `n` > 1 out into n
-samples (vLLM's parent / child requests): ids "{i}_{request_id}", params `params.for_sample(i)`
-(seed + i when seeded), one tokenization, and samples 1..n-1 wait for sample 0's prompt so that
-they read its KV from the prefix cache.  A request with `structured_outputs` gets its own
-grammar matcher (`core/structured_output/`: each grammar compiled once, on the first request).
+Contract: `make_request` returns a `Request` ready to schedule or raises ValueError/TypeError
+naming the problem, before any engine state changes.  `make_requests` fans `n` > 1 out into n
+samples (vLLM's parent / child requests): ids "{i}_{request_id}", `params.for_sample(i)`, one
+tokenization; samples 1..n-1 read sample 0's prompt KV from the prefix cache.  A request with
+`structured_outputs` gets its own grammar matcher (`core/structured_output/`).
 """
 
 from __future__ import annotations
@@ -41,8 +39,7 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        # Where max_model_len comes from, said in errors: None means "the architecture's
-        # max_position_embeddings", which the engine may still cut to what its KV pool holds.
+        # Where max_model_len comes from, for errors (None: the architecture's, may still be cut).
         self.max_model_len_reason = max_model_len_reason
         self.eos_token_ids = eos_token_ids
         self.device = device
@@ -149,7 +146,6 @@ class InputProcessor:
 
     def default_seed(self, request_id: str) -> int:
         """The seed of a request whose SamplingParams have none: a function of the engine's seed
-        and the request id only, so it is the same run to run, and no other request (not even
-        one refused after tokenization, e.g. for not fitting the KV pool) can change it."""
+        and the request id only, so that no other request can change it."""
         digest = hashlib.sha256(f"{self.seed}|{request_id}".encode()).digest()
         return int.from_bytes(digest[:8], "little") >> 2  # in [0, 2**62)

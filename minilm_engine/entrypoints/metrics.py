@@ -1,21 +1,15 @@
 """Prometheus metrics of the server, named like vLLM's with a `minilm:` prefix.
 
-Contract: `ServerMetrics(async_engine, model_name)` owns its own `CollectorRegistry` (several servers can
-live in one process: tests, notebooks).  Engine state (running and waiting requests, KV blocks,
-preemptions, prefix-cache lookups) is read from the engine thread's stats snapshot when
-Prometheus scrapes; per-request latencies and token counts are recorded by `observe_finished`
-when a request ends.  `render()` returns the text exposition format for GET /metrics.
+Contract: `ServerMetrics(async_engine, model_name)` owns its own `CollectorRegistry` (several
+servers can live in one process).  Engine state is read from the engine thread's stats snapshot
+at scrape time; per-request latencies and token counts are recorded by `observe_finished` when
+a request ends.  `render()` is the text format for GET /metrics.
 
-    minilm:num_requests_running / _waiting      gauges       vllm:num_requests_running ...
-    minilm:kv_cache_usage_perc                  gauge (0-1)  vllm:kv_cache_usage_perc
-    minilm:num_kv_blocks_used / _total          gauges       (ours: the pool in blocks)
-    minilm:num_preemptions_total                counter      vllm:num_preemptions
-    minilm:prefix_cache_queries_total / _hits_total  counters (tokens)  vllm:prefix_cache_*
-    minilm:prompt_tokens_total / generation_tokens_total  counters
-    minilm:request_success_total{finished_reason}          counter
-    minilm:num_requests_rate_limited_total{limit}         counter (429s; limit: tokens, requests)
-    minilm:time_to_first_token_seconds, inter_token_latency_seconds,
-    minilm:e2e_request_latency_seconds          histograms
+    minilm:num_requests_running / _waiting, kv_cache_usage_perc, num_kv_blocks_used / _total
+    minilm:num_preemptions_total, prefix_cache_queries_total / _hits_total (tokens)
+    minilm:prompt_tokens_total, generation_tokens_total, request_success_total{finished_reason}
+    minilm:num_requests_rate_limited_total{limit}, num_aborted_requests_total
+    minilm:time_to_first_token_seconds, inter_token_latency_seconds, e2e_request_latency_seconds
 """
 
 from __future__ import annotations

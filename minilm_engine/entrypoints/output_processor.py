@@ -1,27 +1,18 @@
 """Token ids -> text, and the stop strings found in it (vLLM v1's `OutputProcessor`).
 
-Contract: the scheduler appends token ids and ends a request on what ids alone decide (EOS, a
-stop token id, a finished grammar, max_tokens); it never sees a tokenizer.  After every step
-the engine hands `process(requests)` the requests that advanced, and this module, the step's
-only detokenizing code:
+Contract: the scheduler ends a request on what ids alone decide (EOS, a stop token id, a
+finished grammar, max_tokens) and never sees a tokenizer.  After every step the engine hands
+`process(requests)` the requests that advanced; for each, this module
 
-    1. extends each request's `output_text` with what its new tokens complete
-       (`detokenizer.py`, a short window per token), or, for a request that returns only its
-       final text (`incremental_text=False`) and has no stop strings, decodes it once when it ends;
-    2. searches the text for the request's stop strings after each new token; at a match it cuts
-       the text (the string kept only with `include_stop_str_in_output`) and reports a
-       `StopStringMatch`: the engine then finishes the request in the scheduler (finish_reason
-       "stop", stop_reason the string, its blocks freed) and drops any token after the one that
-       completed the string (several tokens arrive in a step with speculative decoding);
-    3. names the tokens of the logprobs the request asked for (`Logprob.decoded_token`).
+    1. extends `output_text` with what its new tokens complete (`detokenizer.py`), or, for a
+       request that wants only its final text and has no stop strings, decodes it once at the end;
+    2. searches the text for stop strings after each new token; at a match it cuts the text and
+       returns a `StopStringMatch`, and the engine finishes the request there (tokens after the
+       one that completed the string are dropped: speculative decoding brings several a step);
+    3. names the tokens of the logprobs asked for (`Logprob.decoded_token`).
 
-    scheduler.update_from_output ──> requests that advanced ──> process() ──> StopStringMatch
-      (ids: EOS, stop ids, length)                              (text)         │
-    engine: request.stop_on_string, scheduler.finish  <────────────────────────┘
-
-A request's state here (its detokenizer's offsets) lives until it finishes or `free()` drops it.
-A caller that streams the text shows only `streamable_len(text, params)` of it while the request
-runs: the rest may still become a stop string or a multi-byte character.
+A streaming caller shows only `streamable_len(text, params)` of a running request's text: the
+rest may still become a stop string or a multi-byte character.
 """
 
 from __future__ import annotations
@@ -36,8 +27,7 @@ from minilm_engine.entrypoints.detokenizer import IncrementalDetokenizer
 
 @dataclass(frozen=True)
 class StopStringMatch:
-    """A stop string found in a request's text: the request ends after its first
-    `num_output_tokens` output tokens (the last of them completed the string)."""
+    """The request ends after its first `num_output_tokens` output tokens (the last completed `stop`)."""
 
     request: Request
     stop: str
@@ -93,9 +83,8 @@ class OutputProcessor:
                         request.output_text = request.output_text[:keep]
                         return StopStringMatch(request, stop, k + 1)
         if request.finished:
-            # Ended by a token or by length: the text is then exactly decode(output tokens),
-            # including the bytes of a character the last tokens left unfinished (and all of
-            # it, when the text was not followed token by token).
+            # Ended by a token or by length: the text is exactly decode(output tokens), a
+            # character the last tokens left unfinished included.
             request.output_text += state.detokenizer.flush(self.tokenizer, ids)
         return None
 

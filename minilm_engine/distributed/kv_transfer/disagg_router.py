@@ -1,33 +1,19 @@
 """Disaggregated prefill: a router in front of a prefill engine and a decode engine.
 
-Contract: `DisaggRouter(kv_producer, kv_consumer)` takes two `LLM`s
-that load the same checkpoint.  Every request goes to the producer, which runs its prompt
-(whole, or in chunks under its own token budget) and samples its first token; the router then
-detaches it and the connector (`kv_connector.py`) copies the prompt's KV into the consumer's
-pool, where it decodes to the end.  `generate(prompts, params)` returns one `RequestOutput` per
-prompt, in order, as `LLM.generate` does, and the same tokens one engine returns (greedy, or
-sampled with the same seeds: the request's generator travels with it).
+Contract: `DisaggRouter(kv_producer, kv_consumer)` takes two `LLM`s of one checkpoint.  Every
+request runs its prompt on the producer and samples its first token there; the router then
+detaches it and the connector (`kv_connector.py`) copies its KV into the consumer, where it
+decodes to the end.  `generate` returns what `LLM.generate` returns, token for token (a
+request's generator travels with it).
 
-    add_request ─> kv_producer ─> first token ─> detach ─> pending ─> connector ─> kv_consumer ─> outputs
-                   (prefills)                            (oldest     .transfer    (decodes)
-                                                          first)     copies KV
+    add_request ─> kv_producer ─> first token ─> detach ─> pending ─> connector ─> kv_consumer
+                   (prefills)                            (oldest first)  copies KV  (decodes)
 
-One `step()` is a producer step, the hand-overs the consumer has room for, then a consumer
-step; `step_prefill`, `transfer_pending` and `step_decode` are its three parts, for a caller
-that times each engine on its own clock (`course/experiments/disaggregation.py`).
-
-Backpressure: while a hand-over waits (the consumer has no batch slot or too few blocks), the
-producer keeps that prompt's blocks and runs no more prefills.  vLLM's producer too holds a
-request's blocks until the consumer has read them; pausing it also means its pool never fills
-with prompts nobody can take.  A request that ends on its first token (EOS, a stop, max_tokens=1)
-finishes on the producer and is never handed over.  `abort_request` frees a request's blocks
-wherever it is: producer, pending or consumer.
-
-Beside vLLM: its proxy sends the prefill instance a copy of the request with max_tokens=1 and
-the decode instance the original, whose scheduler asks the connector how many prompt tokens it
-can load (`get_num_new_matched_tokens`) and pulls their blocks; the first token the client sees
-comes from the decode instance.  Here one `Request` moves from engine to engine, so the first
-token is the producer's and a seeded request's generator goes on where it stopped.
+`step()` is `step_prefill`, `transfer_pending`, `step_decode` (separate for a caller that times
+each engine on its own clock).  Backpressure: while a hand-over waits for the consumer's room,
+the producer keeps that prompt's blocks and runs no more prefills.  A request that ends on its
+first token never leaves the producer.  Unlike vLLM's proxy (a max_tokens=1 copy to the
+prefill instance, the original to the decode instance), one `Request` moves between engines.
 """
 
 from __future__ import annotations
@@ -56,8 +42,7 @@ class DisaggRouter:
         self.kv_producer = kv_producer
         self.kv_consumer = kv_consumer
         self.connector = InProcessKVConnector(kv_producer.engine, kv_consumer.engine)
-        # One output processor for both engines: a request's text (its detokenizer's place)
-        # goes on in the consumer where the producer left it.
+        # One output processor for both: a request's text goes on where the producer left it.
         kv_consumer.engine.output_processor = kv_producer.engine.output_processor
         self.pending: deque[Request] = deque()  # prefilled, waiting for the consumer's room
         self.requests: dict[str, Request] = {}  # every live request, by id
@@ -81,14 +66,12 @@ class DisaggRouter:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def add_request(
-        self, request_id: str, prompt: PromptType, sampling_params: SamplingParams | None = None
-    ) -> Request:
+    def add_request(self, request_id: str, prompt: PromptType,
+                    sampling_params: SamplingParams | None = None) -> Request:
         """Validate, tokenize (the producer's `InputProcessor`) and queue on the producer."""
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in the router")
-        request = self.kv_producer.engine.add_request(request_id, prompt, sampling_params)
-        self.requests[request_id] = request
+        params = sampling_params or SamplingParams()
+        request = self.kv_producer.input_processor.make_request(request_id, prompt, params)
+        self.add_prepared_request(request)
         return request
 
     def add_prepared_request(self, request: Request) -> None:
@@ -132,9 +115,8 @@ class DisaggRouter:
         return advanced
 
     def transfer_pending(self, ready: Callable[[Request], bool] | None = None) -> list[KVTransfer]:
-        """Hand pending requests to the consumer, oldest first, while it has room (and, given
-        `ready`, while `ready(request)`: a caller that keeps a clock per engine passes only the
-        requests that have reached the consumer by its time)."""
+        """Hand pending requests to the consumer, oldest first, while it has room (and while
+        `ready(request)`, if given: a caller with a clock per engine)."""
         done = []
         while self.pending and (ready is None or ready(self.pending[0])):
             record = self.connector.transfer(self.pending[0])
@@ -170,8 +152,7 @@ class DisaggRouter:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Generate completions for every prompt; outputs come back in prompt order.  Request
-        ids, and so default seeds, are the producer `LLM`'s, as `LLM.generate` gives them."""
+        """Completions of every prompt, in prompt order, ids and seeds as `LLM.generate` gives them."""
         requests = self.kv_producer.make_requests(prompts, sampling_params)
         try:
             for request in requests:

@@ -1,36 +1,24 @@
 """The KV connector: a prompt's keys and values, copied from a producer's pool into a consumer's.
 
-Contract: `InProcessKVConnector(kv_producer, kv_consumer)` joins two `LLMEngine`s in one
-process that run the same model (layers, KV heads, head size, dtype, device, context length:
-checked when it is built; the block sizes may differ).  `transfer(request)` moves one request
-whose prompt the producer has computed and whose first token it has sampled, and which it has
-detached (`LLMEngine.detach_request`: out of its batch, blocks kept):
+Contract: `InProcessKVConnector(kv_producer, kv_consumer)` joins two `LLMEngine`s of one model
+in one process (checked when built; the block sizes may differ).  `transfer(request)` moves a
+request the producer has prefilled, sampled one token of, and detached:
 
-    1. look the request's tokens up in the consumer's prefix cache (no side effect, like
-       vLLM's `get_num_new_matched_tokens`): the KV of the first `num_cached` tokens is there
-       already and is not sent;
-    2. allocate the consumer's block table for the prompt (`allocate_slots`, sharing the hit
-       blocks).  No batch slot or too few blocks: return None, nothing changed; the producer
-       keeps the blocks and the caller tries again later (backpressure);
-    3. copy K and V of positions [num_cached, num_prompt_tokens), every layer: gathered from
-       the producer's slots into one buffer (what would cross the link), scattered into the
-       consumer's slots;
-    4. commit the consumer's full prompt blocks (they join its prefix cache), free the
-       producer's blocks (its full ones stay in its prefix cache), admit the request to the
+    1. look its tokens up in the consumer's prefix cache (no side effect, like vLLM's
+       `get_num_new_matched_tokens`): the first `num_cached` tokens are not sent;
+    2. allocate the consumer's block table for the prompt; no batch slot or too few blocks:
+       return None, nothing changed (the caller tries again later);
+    3. copy K and V of positions [num_cached, num_prompt_tokens), every layer, gathered into one
+       buffer (what would cross the link) and scattered into the consumer's slots;
+    4. commit the consumer's full prompt blocks, free the producer's, admit the request to the
        consumer (`LLMEngine.add_computed_request`): its next step there is a decode.
 
     producer, block_size 4                 the wire                  consumer, block_size 8
     table [3, 9, 1], 10 prompt tokens      (L, 2, n, H_kv, D)        no hit: table [5, 2]
     slots 12 13 14 15 | 36 .. 39 | 4 5 ──> n = 10 - num_cached ──>   slots 40 .. 47 | 16 17
-                                           K and V of every layer
 
-Copying slot by slot (not block by block) is why the block sizes may differ, and why only
-the tokens the consumer lacks cross: bytes = (num_prompt_tokens - num_cached) x
-`kv_bytes_per_token`.  The first sampled token's KV is not computed yet; the consumer's
-first step computes it, as every decode does.  Across processes the request's metadata (ids,
-sampling parameters, the generator's state, the text so far: a few kB) would be serialized
-next to the KV; in one process the `Request` object itself moves, so a seeded request keeps
-its generator and samples the tokens it would in one engine.
+Copying slot by slot is why the block sizes may differ.  In one process the `Request` object
+itself moves, so a seeded request keeps its generator.
 """
 
 from __future__ import annotations
@@ -68,8 +56,6 @@ def unpack_kv(cache: PagedKVCache, slots: list[int], wire: torch.Tensor) -> None
 
 @dataclass(frozen=True)
 class KVTransfer:
-    """One request's hand-over."""
-
     request_id: str
     num_prompt_tokens: int
     num_cached_tokens: int  # already in the consumer's prefix cache: not sent
@@ -77,8 +63,7 @@ class KVTransfer:
     seconds: float  # gather, copy and scatter, measured
 
     @property
-    def num_tokens(self) -> int:
-        """Tokens whose KV was sent."""
+    def num_tokens(self) -> int:  # whose KV was sent
         return self.num_prompt_tokens - self.num_cached_tokens
 
 

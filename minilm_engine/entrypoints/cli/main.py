@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from minilm_engine.model.device import cpu_threads_for
-from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.core.sampling_params import SamplingParams
+from minilm_engine.entrypoints.cli.serve import check_threads, set_cpu_threads
+from minilm_engine.entrypoints.llm import LLM
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,17 +114,13 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             stop=args.stop,
         )
-        if args.threads is not None and args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        check_threads(args.threads)
         spec = speculative_config(args)
         llm = LLM(args.model, device=args.device, dtype=args.dtype, speculative_config=spec)
     except (ValueError, TypeError, RuntimeError, OSError) as e:  # OSError: a bad checkpoint path
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if llm.device.type == "cpu":
-        threads = args.threads or cpu_threads_for(llm.num_parameters)
-        if threads is not None:
-            torch.set_num_threads(threads)
+    set_cpu_threads(llm, args.threads)
     print(f"[{llm}, torch threads: {torch.get_num_threads()}]", file=sys.stderr)
     sys.stdout.write(args.prompt)
     start = time.perf_counter()

@@ -1,10 +1,8 @@
 """`minilm-engine quantize`: load a full-precision checkpoint, quantize it, save it.
 
-Contract: `quantize_checkpoint(model, out, scheme, options)` loads `model` (a folder or a
-shipped name) on the CPU in fp32, quantizes it as `LLM(..., quantization=scheme,
-quantization_config=options)` would (calibrating if the method asks), and writes a checkpoint
-that `LLM(out)` loads back (`model/quantization/checkpoint.py`).  It sits above both `model/` and
-`model/quantization/`: the loader builds quantized layers, so `model/quantization/` cannot load models.
+Contract: `quantize_checkpoint(model, out, scheme, options)` quantizes `model` as `LLM(...,
+quantization=scheme, quantization_config=options)` would and writes a checkpoint `LLM(out)`
+loads back.  It sits above `model/`: the loader builds quantized layers.
 """
 
 from __future__ import annotations

@@ -1,25 +1,23 @@
-"""`minilm-engine serve [MODEL] --host 127.0.0.1 --port 8000 [engine options]`, like `vllm serve`,
-and `minilm-engine run-batch -i IN.jsonl -o OUT.jsonl --model MODEL [engine options]`, like
-`vllm run-batch`.
+"""`minilm-engine serve [MODEL] [options]`, like `vllm serve`, and `minilm-engine run-batch -i IN.jsonl
+-o OUT.jsonl --model MODEL [options]`, like `vllm run-batch`; engine options use vLLM's flags.
 
-Contract: `add_serve_parser(subparsers)` registers the subcommand (engine options use vLLM's
-flag names); its `run` builds the `LLM` (record_trace off: a server runs for hours) and serves
-until Ctrl-C, returning 2 with the reason on bad arguments (a keys file that does not parse
-included: the message names its line or the key and field).  `--rate-limit-rpm` /
-`--rate-limit-tpm` limit every API key (rate_limit.py); `--api-keys-file` lists the keys
-allowed, each with its own limits.  `add_run_batch_parser` registers run-batch, which writes
-one result line per request (openai/run_batch.py) and returns 0 even when some lines failed
-(their errors are in the output), 2 when it cannot start.
+Contract: `serve` builds the `LLM` (record_trace off: a server runs for hours) and serves until
+Ctrl-C; `--rate-limit-rpm` / `--rate-limit-tpm` limit every API key and `--api-keys-file` lists
+the keys allowed with their own limits (rate_limit.py).  `run-batch` writes one result line per
+request and returns 0 even when some failed (their errors are in the output).  Both return 2
+with the reason on arguments they cannot start with.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 
 import torch
 
 from minilm_engine.bench.cli_types import json_object, json_string_list
+from minilm_engine.core.config import EngineConfig
 from minilm_engine.model.device import cpu_threads_for
 from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.entrypoints import DEFAULT_HOST
@@ -60,24 +58,29 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch threads on a CPU (default: 1 for a small model, torch's choice otherwise)")
 
 
-ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "kv_cache_memory",
-                 "gpu_memory_utilization", "enable_prefix_caching", "enable_chunked_prefill",
-                 "attention_backend", "enforce_eager", "speculative_config", "scheduling_policy",
-                 "max_logprobs", "max_n", "structured_outputs_config")
-
-
 def llm_from_args(args: argparse.Namespace) -> LLM:
-    engine_args = {name: getattr(args, name) for name in ENGINE_FIELDS if getattr(args, name) is not None}
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    """The `LLM` of `add_engine_arguments`' flags (an `EngineConfig` field's flag: its value)."""
+    engine_args = {f.name: getattr(args, f.name) for f in fields(EngineConfig)
+                   if getattr(args, f.name, None) is not None}
+    check_threads(args.threads)
     llm = LLM(args.model, device=args.device, dtype=args.dtype, seed=args.seed,
               max_model_len=args.max_model_len, model_backend=getattr(args, "model_backend", None),
-              record_trace=False, **engine_args)
+              **{**engine_args, "record_trace": False})
+    set_cpu_threads(llm, args.threads)
+    return llm
+
+
+def check_threads(threads: int | None) -> None:
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+
+
+def set_cpu_threads(llm: LLM, threads: int | None) -> None:
+    """On a CPU: `threads` torch threads (None: 1 for a small model, torch's choice otherwise)."""
     if llm.device.type == "cpu":
-        threads = args.threads or cpu_threads_for(llm.num_parameters)
+        threads = threads or cpu_threads_for(llm.num_parameters)
         if threads is not None:
             torch.set_num_threads(threads)
-    return llm
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:

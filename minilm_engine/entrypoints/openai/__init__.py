@@ -1,5 +1,5 @@
 """The OpenAI-compatible API: wire format (protocol.py), request handling (serving.py), the
-FastAPI app and how to run it (api_server.py)."""
+routes (api_server.py)."""
 
 from minilm_engine.entrypoints.openai.api_server import build_app, serve
 

@@ -1,14 +1,12 @@
 """Engine logprobs -> OpenAI's two wire shapes.
 
-Contract: the engine gives one {token id: Logprob} dict per position (the chosen token with its
-rank, then the top-k; `core/outputs.py`), or None for a prompt's first token.  OpenAI wants:
+The engine gives one {token id: Logprob} per position (the chosen token, then the top-k), None
+for a prompt's first token.  OpenAI wants:
 
-    /v1/completions   {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{text: lp}],
-                       "text_offset": [...]}        a prompt's first position: logprob None
+    /v1/completions   {"tokens", "token_logprobs", "top_logprobs": [{text: lp}], "text_offset"}
     /v1/chat          {"content": [{"token", "logprob", "bytes", "top_logprobs": [{...}]}]}
 
-JSON has no -inf: a logprob below -9999 is sent as -9999 (vLLM's rule).  A token's text is the
-token decoded on its own, as vLLM reports it.
+JSON has no -inf: a logprob below -9999 is sent as -9999 (vLLM's rule).
 """
 
 from __future__ import annotations

@@ -21,8 +21,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
@@ -80,51 +79,30 @@ def warn_ignored(names: Iterable[str]) -> list[str]:
     return new
 
 
-@dataclass(frozen=True)
-class NotImplementedField:
-    """A known field accepted only at a value that leaves the output as it is (`is_neutral`)."""
-
-    name: str
-    is_neutral: Callable[[Any], bool]
-    allowed: str
-
-    def problem(self, value: Any) -> str | None:
-        if value is None or self.is_neutral(value):
-            return None
-        return f"{self.name} is not supported by this server (only {self.allowed} or null), got {value!r}"
-
-
-def _is(*neutral) -> Callable[[Any], bool]:
-    """Equal to one of `neutral`, and a bool only where that is one (`True == 1` in Python)."""
-    def check(value: Any) -> bool:
-        return any(isinstance(value, bool) == isinstance(n, bool) and value == n for n in neutral)
-    return check
-
-
-def _empty(value: Any) -> bool:
-    return value in ({}, [], "")
+# Known fields the engine does not implement: name -> (the values that leave the output as it is,
+# how an error names them).  Any other value but null is a 400 naming the field.
+SAMPLING_NOT_IMPLEMENTED = {
+    "best_of": ((1,), "1"),
+    "use_beam_search": ((False,), "false"),
+    "length_penalty": ((1,), "1"),
+    "skip_special_tokens": ((True,), "true"),
+    "bad_words": (({}, [], ""), "[]"),
+    "allowed_token_ids": ((), "null"),
+    "truncate_prompt_tokens": ((), "null"),
+}
+COMPLETION_NOT_IMPLEMENTED = {"suffix": (({}, [], ""), '""')}
+CHAT_NOT_IMPLEMENTED = {
+    "echo": ((False,), "false"),
+    "add_generation_prompt": ((True,), "true"),
+    "continue_final_message": ((False,), "false"),
+    "chat_template": ((), "null (the model's own template is used)"),
+}
 
 
-def _never(value: Any) -> bool:
-    return False
-
-
-SAMPLING_NOT_IMPLEMENTED = (
-    NotImplementedField("best_of", _is(1), "1"),
-    NotImplementedField("use_beam_search", _is(False), "false"),
-    NotImplementedField("length_penalty", _is(1), "1"),
-    NotImplementedField("skip_special_tokens", _is(True), "true"),
-    NotImplementedField("bad_words", _empty, "[]"),
-    NotImplementedField("allowed_token_ids", _never, "null"),
-    NotImplementedField("truncate_prompt_tokens", _never, "null"),
-)
-COMPLETION_NOT_IMPLEMENTED = (NotImplementedField("suffix", _empty, '""'),)
-CHAT_NOT_IMPLEMENTED = (
-    NotImplementedField("echo", _is(False), "false"),
-    NotImplementedField("add_generation_prompt", _is(True), "true"),
-    NotImplementedField("continue_final_message", _is(False), "false"),
-    NotImplementedField("chat_template", _never, "null (the model's own template is used)"),
-)
+def _is_neutral(value: Any, neutral: tuple) -> bool:
+    """`value` is null or one of `neutral`, and a bool only where that is one (`True == 1`)."""
+    return value is None or any(isinstance(value, bool) == isinstance(n, bool) and value == n
+                                for n in neutral)
 
 
 class StreamOptions(_Lenient):
@@ -179,7 +157,7 @@ class _SamplingFields(_Lenient):
     # vLLM's `priority` (lower first) and OpenAI's `service_tier`: serving.py maps both.
     priority: LaxInt | None = None
     service_tier: str | None = None
-    # Known, not implemented (SAMPLING_NOT_IMPLEMENTED says which values pass).
+    # Known, not implemented: SAMPLING_NOT_IMPLEMENTED.
     best_of: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
@@ -195,14 +173,14 @@ class _SamplingFields(_Lenient):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
 
-    not_implemented: ClassVar[tuple[NotImplementedField, ...]] = ()  # the endpoint's own
+    not_implemented: ClassVar[dict[str, tuple[tuple, str]]] = {}  # the endpoint's own
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a value the engine cannot honour, or None."""
-        for field in (*SAMPLING_NOT_IMPLEMENTED, *self.not_implemented):
-            message = field.problem(getattr(self, field.name))
-            if message is not None:
-                return field.name, message
+        for name, (neutral, allowed) in {**SAMPLING_NOT_IMPLEMENTED, **self.not_implemented}.items():
+            value = getattr(self, name)
+            if not _is_neutral(value, neutral):
+                return name, f"{name} is not supported by this server (only {allowed} or null), got {value!r}"
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed with stream: true"
         return None

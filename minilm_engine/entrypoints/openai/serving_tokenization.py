@@ -1,14 +1,9 @@
 """vLLM's /tokenize, /detokenize and /tokenizer_info: the server's own tokenizer, over HTTP.
 
-Contract: `tokenize(serving, body)` returns the ids the server would give the engine for that
-prompt (or for those chat messages, rendered with the same chat template as /v1/chat/completions),
-so `count` equals the `prompt_tokens` a completion of it reports; `detokenize` returns the text
-of a list of ids.  Both raise `APIError` for a model not served, a body with neither or both of
-prompt and messages, or ids outside the vocabulary.  `tokenizer_info` returns the tokenizer's
-configuration as vLLM's /tokenizer_info does (its init arguments, special tokens as text, its
-class, the chat template this server renders with), which is what lm-evaluation-harness reads to
-tokenize through the server (`tokenizer_backend=remote`, chosen by itself when the route
-answers) instead of loading a tokenizer by the model's name.  None touches the engine.
+Contract: `tokenize` returns the ids the server would give the engine for a prompt (or chat
+messages, rendered as /v1/chat/completions renders them), so `count` is a completion's
+`prompt_tokens`.  `tokenizer_info` is the tokenizer's configuration and chat template, which
+lm-evaluation-harness reads to tokenize through the server.  None touches the engine.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """Tool calls, as vLLM serves them.  A forced choice (`tool_choice` "required" or a named
-function) is a JSON schema the output must follow, its text then read back as OpenAI's
-`tool_calls`; with "auto" the model may write calls in the Hermes format the chat template
-shows it (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), read by
-`read_tagged_tool_calls`.
-
-Contract: `forced_call_schema(tools, tool_choice)` returns the schema the output is constrained
-to, or None when the model may answer in words (`tool_choice` "none"); it raises ValueError
-naming the field for an unknown function.  `read_tool_calls(text, named)` turns a finished
-output that follows that schema into `[{"id", "type": "function", "function": {"name",
-"arguments"}}]`, the arguments as JSON text:
+function) is a JSON schema the output must follow, its text read back as OpenAI's `tool_calls`;
+with "auto" the model may write `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+(the Hermes format the chat template shows it), read by `read_tagged_tool_calls`.
 
     named "order":   output  {"dish": "ramen"}                     -> one call of order
     "required":      output  [{"name": "order", "parameters": {...}},
                               {"name": "pay",   "parameters": {...}}]  -> two calls, in order
 
-`tools` are plain dicts ({"type": "function", "function": {"name", "parameters", ...}}).
+Calls come back as `[{"id", "type": "function", "function": {"name", "arguments"}}]`, the
+arguments as JSON text; `tools` are plain dicts.
 """
 
 from __future__ import annotations
