@@ -29,8 +29,6 @@ class RetryPolicy:
     max_retries: int = 0  # 0: a naive client, one try
     base_delay_s: float = 0.5
     max_delay_s: float = 30.0  # the exponential cap of the jitter (Retry-After is added whole)
-    retry_statuses: tuple[int, ...] = RETRY_STATUSES
-    retry_unreachable: bool = True  # no answer at all (connection refused, reset, timed out)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
@@ -39,11 +37,8 @@ class RetryPolicy:
             raise ValueError(f"need 0 <= base_delay_s <= max_delay_s, got {self.base_delay_s}, {self.max_delay_s}")
 
     def should_retry(self, result: RequestResult) -> bool:
-        if result.success:
-            return False
-        if result.http_status is None:
-            return self.retry_unreachable
-        return result.http_status in self.retry_statuses
+        # No answer at all (connection refused, reset, timed out) is worth another try too.
+        return not result.success and (result.http_status is None or result.http_status in RETRY_STATUSES)
 
 
 def backoff_delay(policy: RetryPolicy, attempt: int, retry_after_s: float | None, rng: random.Random) -> float:

@@ -52,7 +52,6 @@ NOODLE_CHAT_TEMPLATE = (
 class ChatFormat:
     template: str
     default_stop: tuple[str, ...] = ()  # stop strings added to every chat request
-    source: str = "checkpoint"  # "checkpoint" (its tokenizer's template) or "noodle dialogue"
 
 
 def chat_format_for(tokenizer, model_path: str | Path) -> ChatFormat | None:
@@ -61,7 +60,7 @@ def chat_format_for(tokenizer, model_path: str | Path) -> ChatFormat | None:
     if isinstance(own, str) and own:
         return ChatFormat(own)
     if Path(model_path).resolve().parent == CHECKPOINTS_DIR:
-        return ChatFormat(NOODLE_CHAT_TEMPLATE, default_stop=("\n",), source="noodle dialogue")
+        return ChatFormat(NOODLE_CHAT_TEMPLATE, default_stop=("\n",))
     return None
 
 

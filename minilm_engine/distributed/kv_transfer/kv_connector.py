@@ -89,10 +89,6 @@ class KVTransferStats:
     def num_bytes(self) -> int:
         return sum(t.num_bytes for t in self.transfers)
 
-    @property
-    def seconds(self) -> float:
-        return sum(t.seconds for t in self.transfers)
-
 
 class InProcessKVConnector:
     """Copies KV from `kv_producer`'s pool into `kv_consumer`'s (module docstring)."""

@@ -41,17 +41,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", default=None, choices=["auto", "torch", "cpu", "triton"])
     parser.add_argument("--enforce-eager", action="store_true", default=None)
     parser.add_argument("--model-backend", default=None, choices=["fused", "reference"],
-                        help="fused (the fast CPU path, where it runs; the default, also from "
-                             "$MINILM_MODEL_BACKEND) or reference (the readable decoder)")
+                        help="fused (the fast CPU path; default, or $MINILM_MODEL_BACKEND) or reference")
     parser.add_argument("--speculative-config", type=json_object, default=None,
                         help='speculative decoding, as vLLM spells it: \'{"model": "noodle-apprentice", '
                              '"num_speculative_tokens": 3}\'')
     parser.add_argument("--structured-outputs-config", type=json_object, default=None,
-                        help='structured outputs, as vLLM spells it: \'{"disable_any_whitespace": true}\' '
-                             "(compact JSON for every request: a small model may fill JSON with spaces)")
+                        help='as vLLM spells it: \'{"disable_any_whitespace": true}\' (compact JSON)')
     parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority"],
-                        help="fcfs (default: arrival order) or priority (each request's priority, lower "
-                             "first; the flex service tier after interactive requests)")
+                        help="fcfs (arrival order, the default) or priority (lower first; flex tier last)")
     parser.add_argument("--max-logprobs", type=int, default=None, help="most top logprobs per token (default 20)")
     parser.add_argument("--max-n", type=int, default=None, help="most samples per prompt, n (default 128)")
     parser.add_argument("--threads", type=int, default=None,
@@ -104,8 +101,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                              '"tokens_per_minute": 10000}}; a field left out takes --rate-limit-*; '
                              "any other key is a 401")
     limits.add_argument("--rate-limit-period", type=float, default=60.0, metavar="SECONDS",
-                        help="the time the limits count over (default 60: per minute, as their names say; "
-                             "a demo shortens it so that a spike of traffic resolves in seconds)")
+                        help="the time the limits count over (default 60; a demo shortens it)")
     cors = parser.add_argument_group("CORS (browsers calling the API from other origins), as vLLM spells it")
     cors.add_argument("--allowed-origins", type=json_string_list, default=["*"], metavar="JSON",
                       help='origins allowed, a JSON list (default ["*"])')

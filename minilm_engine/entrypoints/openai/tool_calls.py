@@ -21,10 +21,6 @@ from typing import Any
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # a function declared without parameters
 
 
-def function_names(tools: list[dict]) -> list[str]:
-    return [tool["function"]["name"] for tool in tools]
-
-
 def named_function(tool_choice: Any) -> str | None:
     """{"type": "function", "function": {"name": "order"}} -> "order"; anything else None."""
     if isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict):
