@@ -38,7 +38,8 @@ class RetryPolicy:
 
     def should_retry(self, result: RequestResult) -> bool:
         # No answer at all (connection refused, reset, timed out) is worth another try too.
-        return not result.success and (result.http_status is None or result.http_status in RETRY_STATUSES)
+        status = result.http_status
+        return not result.success and (status is None or status in RETRY_STATUSES)
 
 
 def backoff_delay(policy: RetryPolicy, attempt: int, retry_after_s: float | None, rng: random.Random) -> float:

@@ -1,4 +1,4 @@
-"""From raw per-request timestamps to the numbers a serving benchmark reports (`vllm bench serve`'s).
+"""From raw per-request timestamps to the numbers `vllm bench serve` reports.
 
 Contract: `RequestResult` is what the client saw of one request; `summarize(results,
 duration_s, slo)` gives `BenchmarkMetrics`: throughputs, each latency's mean, median, standard
@@ -58,7 +58,7 @@ class RequestResult:
 
 @dataclass
 class Summary:
-    """One latency in milliseconds (None without samples); `percentiles`: those a report asked for."""
+    """One latency in milliseconds (None without samples); `percentiles`: those asked for."""
 
     mean: float | None
     median: float | None

@@ -267,7 +267,9 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest],
     if not requests:
         raise ValueError("no requests to send")
     offsets = arrival_offsets(len(requests), config.request_rate, config.burstiness, config.seed)
-    limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else contextlib.nullcontext()
+    limit = contextlib.nullcontext()
+    if config.max_concurrency:
+        limit = asyncio.Semaphore(config.max_concurrency)
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     # No connection cap of httpx's own: concurrency is what this benchmark sets.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -335,7 +337,7 @@ def run_sync(coroutine):
 
 
 def sweep(config: BenchConfig, requests: list[BenchRequest], rates: list[float], progress: bool = True) -> list[BenchResult]:
-    """The same requests at each rate in turn (the initial test and warm-ups only before the first)."""
+    """The same requests at each rate in turn (the initial test and warm-ups before the first)."""
     out = []
     for i, rate in enumerate(rates):
         step = replace(config, request_rate=rate)

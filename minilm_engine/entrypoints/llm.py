@@ -89,7 +89,8 @@ class LLM:
             raise ValueError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")
         self.max_model_len = max_model_len or limit
         generation_config = _read_generation_config(self.model_path)
-        self.eos_token_ids = _eos_token_ids(self.config.eos_token_ids, self.tokenizer, generation_config)
+        self.eos_token_ids = _eos_token_ids(self.config.eos_token_ids, self.tokenizer,
+                                            generation_config)
         self.engine_config = engine_config
         self.input_processor = InputProcessor(
             self.tokenizer, self.config.vocab_size, self.max_model_len, self.eos_token_ids, self.device, seed,
@@ -110,7 +111,7 @@ class LLM:
         self.engine = LLMEngine(self.model, self.tokenizer, self.input_processor, engine_config)
 
     def run_steps(self, requests: list[Request]) -> Iterator[list[Request]]:
-        """Run prepared requests to completion, yielding after each step the ones that got a token."""
+        """Run prepared requests to completion, yielding after each step those that got a token."""
         pending = {r.request_id for r in requests}
         try:
             for request in requests:
@@ -176,7 +177,8 @@ class LLM:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if not isinstance(prompts, Sequence) or isinstance(prompts, bytes):
-            raise TypeError("prompts must be a string, a {'prompt_token_ids': [...]} dict, or a list of them")
+            raise TypeError("prompts must be a string, a {'prompt_token_ids': [...]} dict, "
+                            "or a list of them")
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
@@ -184,8 +186,8 @@ class LLM:
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
-                raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts; "
-                                 "pass one for all or exactly one per prompt")
+                raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} "
+                                 "prompts; pass one for all or exactly one per prompt")
             if not all(isinstance(p, SamplingParams) for p in params_list):
                 raise TypeError("sampling_params must be SamplingParams or a list of them")
         self._check_params(params_list)
@@ -264,7 +266,8 @@ class LLM:
             params = [p if p.ignore_eos else with_stop_strings(p, fmt.default_stop) for p in params]
         return self.generate(prompts, params, use_tqdm=use_tqdm)
 
-    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[str]:
+    def stream(self, prompt: PromptType,
+               sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the text of one completion piece by piece as tokens are produced."""
         (request,) = self.make_requests(prompt, sampling_params)
         yield from self.stream_request(request)
@@ -321,7 +324,8 @@ def _load_tokenizer(path: str | Path):
         raise ValueError(f"could not load a tokenizer from {path}: {e}") from e
 
 
-def _eos_token_ids(config_eos: tuple[int, ...], tokenizer, generation_config: dict) -> tuple[int, ...]:
+def _eos_token_ids(config_eos: tuple[int, ...], tokenizer,
+                   generation_config: dict) -> tuple[int, ...]:
     """EOS ids from generation_config.json, config.json and the tokenizer, merged."""
     ids = set(config_eos)
     eos = generation_config.get("eos_token_id")

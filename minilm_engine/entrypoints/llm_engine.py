@@ -106,15 +106,18 @@ class LLMEngine:
             enable_caching=self.config.enable_prefix_caching,
             observer=self.trace.block_log if self.config.record_trace else None,
         )
-        self.block_manager = BlockManager(self.block_pool, self.config.block_size, self.config.enable_prefix_caching)
+        self.block_manager = BlockManager(self.block_pool, self.config.block_size,
+                                          self.config.enable_prefix_caching)
         self.cache = PagedKVCache(model.config, num_blocks, self.config.block_size, model.dtype, model.device)
         self.scheduler = Scheduler(self.config, self.block_manager)
         # "auto" becomes "triton" on a CUDA GPU with Triton, "torch" otherwise.
-        self.attention_backend = get_attention_backend(self.config.attention_backend, model.device, model.dtype)
+        self.attention_backend = get_attention_backend(self.config.attention_backend, model.device,
+                                                       model.dtype)
         block_table = BlockTable(
             self.config.max_num_seqs, cdiv(self.max_model_len, self.config.block_size), self.config.block_size
         )
-        self.runner = ModelRunner(model, self.cache, block_table, self.attention_backend, self._capture_decode_graphs())
+        self.runner = ModelRunner(model, self.cache, block_table, self.attention_backend,
+                                  self._capture_decode_graphs())
         self.proposer: DraftModelProposer | NgramProposer | None = None
         self.spec_decoding_stats: SpecDecodingStats | None = None  # the engine's totals
         if draft is not None:
@@ -153,20 +156,22 @@ class LLMEngine:
         `enforce_eager` (the torch reference plans each step on the host: a graph cannot)."""
         if self.config.enforce_eager or self.model.device.type != "cuda" or self.attention_backend.name != "triton":
             return None
-        graphs = DecodeGraphRunner(self.model, self.cache, self.attention_backend, self.config.max_num_seqs,
-                                   cdiv(self.max_model_len, self.config.block_size))
+        max_blocks_per_seq = cdiv(self.max_model_len, self.config.block_size)
+        graphs = DecodeGraphRunner(self.model, self.cache, self.attention_backend,
+                                   self.config.max_num_seqs, max_blocks_per_seq)
         graphs.capture()
         return graphs
 
     # -- requests ---------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: PromptType, sampling_params: SamplingParams | None = None,
-                    priority: int = 0) -> Request:
+    def add_request(self, request_id: str, prompt: PromptType,
+                    sampling_params: SamplingParams | None = None, priority: int = 0) -> Request:
         """Validate, tokenize and queue a request; raises ValueError/TypeError if it is bad.
         `priority`: lower is served first, under scheduling_policy="priority" only."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {request_id!r}")
-        request = self.input_processor.make_request(request_id, prompt, sampling_params or SamplingParams(), priority)
+        params = sampling_params or SamplingParams()
+        request = self.input_processor.make_request(request_id, prompt, params, priority)
         self.add_prepared_request(request)
         return request
 

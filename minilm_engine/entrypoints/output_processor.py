@@ -27,7 +27,7 @@ from minilm_engine.entrypoints.detokenizer import IncrementalDetokenizer
 
 @dataclass(frozen=True)
 class StopStringMatch:
-    """The request ends after its first `num_output_tokens` output tokens (the last completed `stop`)."""
+    """The request ends after its first `num_output_tokens` tokens (the last completed `stop`)."""
 
     request: Request
     stop: str

@@ -172,9 +172,9 @@ class RateLimiter:
         buckets = self._states.get(key)
         if buckets is None:
             limits = self.limits_for(key)
+            per_kind = {"requests": limits.requests_per_minute, "tokens": limits.tokens_per_minute}
             buckets = {kind: self.bucket_type(limit, now, self.period_s)
-                       for kind, limit in (("requests", limits.requests_per_minute),
-                                           ("tokens", limits.tokens_per_minute)) if limit is not None}
+                       for kind, limit in per_kind.items() if limit is not None}
             self._states[key] = buckets
         for bucket in buckets.values():
             bucket.refill(now)
@@ -190,7 +190,8 @@ class RateLimiter:
             amounts = {"requests": 1, "tokens": num_tokens}
             waits = {kind: bucket.seconds_until(amounts[kind]) for kind, bucket in buckets.items()}
             if any(wait > 0 for wait in waits.values()):
-                kind = "tokens" if waits.get("tokens", 0.0) >= waits.get("requests", 0.0) else "requests"
+                binds_tokens = waits.get("tokens", 0.0) >= waits.get("requests", 0.0)
+                kind = "tokens" if binds_tokens else "requests"
                 raise self._exceeded(buckets, kind, amounts[kind], waits[kind])
             for kind, bucket in buckets.items():
                 bucket.take(amounts[kind])
@@ -219,7 +220,8 @@ class RateLimiter:
             return _status(self._buckets(key, self.clock()))
 
     @staticmethod
-    def _exceeded(buckets: dict[str, TokenBucket], kind: str, requested: int, wait_s: float) -> RateLimitExceeded:
+    def _exceeded(buckets: dict[str, TokenBucket], kind: str, requested: int,
+                  wait_s: float) -> RateLimitExceeded:
         bucket = buckets[kind]
         unit = "tokens per min (TPM)" if kind == "tokens" else "requests per min (RPM)"
         if math.isinf(wait_s):
@@ -233,8 +235,8 @@ class RateLimiter:
 
 
 def _status(buckets: dict[str, TokenBucket]) -> KeyStatus:
-    status = {kind: LimitStatus(bucket.capacity, math.floor(bucket.level + 1e-9), bucket.seconds_to_full())
-              for kind, bucket in buckets.items()}
+    status = {kind: LimitStatus(bucket.capacity, math.floor(bucket.level + 1e-9),
+                                bucket.seconds_to_full()) for kind, bucket in buckets.items()}
     return KeyStatus(status.get("requests"), status.get("tokens"))
 
 

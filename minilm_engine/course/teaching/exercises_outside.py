@@ -140,7 +140,8 @@ class Outcome:
 
 def _levels(limiter: RateLimiter, key: str) -> tuple[float | None, float | None]:
     buckets = limiter._states.get(key, {})  # kind -> bucket, for the kinds the key limits
-    return tuple(buckets[kind].level if kind in buckets else None for kind in ("tokens", "requests"))
+    return tuple(buckets[kind].level if kind in buckets else None
+                 for kind in ("tokens", "requests"))
 
 
 def replay(limiter: RateLimiter, clock: Clock, events: list[Event]):

@@ -152,7 +152,7 @@ class DisaggRouter:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Completions of every prompt, in prompt order, ids and seeds as `LLM.generate` gives them."""
+        """Completions of every prompt, in order; ids and seeds as `LLM.generate` gives them."""
         requests = self.kv_producer.make_requests(prompts, sampling_params)
         try:
             for request in requests:

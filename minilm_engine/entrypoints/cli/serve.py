@@ -1,5 +1,5 @@
-"""`minilm-engine serve [MODEL] [options]`, like `vllm serve`, and `minilm-engine run-batch -i IN.jsonl
--o OUT.jsonl --model MODEL [options]`, like `vllm run-batch`; engine options use vLLM's flags.
+"""`minilm-engine serve [MODEL] [options]`, like `vllm serve`, and `minilm-engine run-batch -i
+IN.jsonl -o OUT.jsonl --model MODEL [options]`, like `vllm run-batch`, with vLLM's engine flags.
 
 Contract: `serve` builds the `LLM` (record_trace off: a server runs for hours) and serves until
 Ctrl-C; `--rate-limit-rpm` / `--rate-limit-tpm` limit every API key and `--api-keys-file` lists
@@ -41,14 +41,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", default=None, choices=["auto", "torch", "cpu", "triton"])
     parser.add_argument("--enforce-eager", action="store_true", default=None)
     parser.add_argument("--model-backend", default=None, choices=["fused", "reference"],
-                        help="fused (the fast CPU path; default, or $MINILM_MODEL_BACKEND) or reference")
+                        help="fused (the fast CPU path; the default) or reference")
     parser.add_argument("--speculative-config", type=json_object, default=None,
                         help='speculative decoding, as vLLM spells it: \'{"model": "noodle-apprentice", '
                              '"num_speculative_tokens": 3}\'')
     parser.add_argument("--structured-outputs-config", type=json_object, default=None,
-                        help='as vLLM spells it: \'{"disable_any_whitespace": true}\' (compact JSON)')
+                        help='e.g. \'{"disable_any_whitespace": true}\' (compact JSON)')
     parser.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority"],
-                        help="fcfs (arrival order, the default) or priority (lower first; flex tier last)")
+                        help="fcfs (arrival order, the default) or priority (lower first)")
     parser.add_argument("--max-logprobs", type=int, default=None, help="most top logprobs per token (default 20)")
     parser.add_argument("--max-n", type=int, default=None, help="most samples per prompt, n (default 128)")
     parser.add_argument("--threads", type=int, default=None,

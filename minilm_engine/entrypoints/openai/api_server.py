@@ -200,14 +200,17 @@ async def _generate(raw: Request, body: CompletionRequest | ChatCompletionReques
         if failed:
             limiter.refund(reservation)
         else:
-            limiter.settle(reservation, sum(r.num_prompt_tokens + len(r.output_token_ids) for r in prepared.requests))
+            used = sum(r.num_prompt_tokens + len(r.output_token_ids) for r in prepared.requests)
+            limiter.settle(reservation, used)
 
     try:
         request_streams = await serving.submit(prepared)
     except BaseException:
         close(failed=True)
         raise
-    headers = {"X-Request-Id": prepared.response_id, **({} if reservation is None else reservation.status.headers())}
+    headers = {"X-Request-Id": prepared.response_id}
+    if reservation is not None:
+        headers.update(reservation.status.headers())
 
     def abort_all() -> None:  # finished requests: ignored; the others: freed at once
         for request_id in prepared.request_ids:

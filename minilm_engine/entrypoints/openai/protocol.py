@@ -3,11 +3,11 @@
 Contract, as vLLM parses requests: numbers are lax ("0.5" is a temperature, 16.0 a max_tokens),
 everything else strict ("yes" is not a bool), and `null` means the default, nested fields too.
 
-    implemented      temperature, top_p, top_k, seed, stop, max_tokens, n,  -> SamplingParams
-                     penalties, logit_bias, logprobs, echo, grammars, tools
-    known, not       best_of, bad_words, suffix, ...                     -> a 400 naming the field,
-    implemented      (`*_NOT_IMPLEMENTED`)                                  unless the value is neutral
-    unknown          metadata, store, a client's own extras              -> ignored, warned once
+    implemented      temperature, top_p, top_k, seed, stop, max_tokens,  -> SamplingParams
+                     n, penalties, logit_bias, logprobs, echo, tools, ...
+    known, not       best_of, bad_words, suffix, ...                  -> a 400 naming the field,
+    implemented      (`*_NOT_IMPLEMENTED`)                               unless it is neutral
+    unknown          metadata, store, a client's own extras           -> ignored, warned once
 
 A grammar comes as OpenAI's `response_format`, vLLM's `structured_outputs` body field or its
 older `guided_*` fields, one per request; errors name the wire field.  Chat `tools` with
@@ -177,10 +177,12 @@ class _SamplingFields(_Lenient):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a value the engine cannot honour, or None."""
-        for name, (neutral, allowed) in {**SAMPLING_NOT_IMPLEMENTED, **self.not_implemented}.items():
+        known = {**SAMPLING_NOT_IMPLEMENTED, **self.not_implemented}
+        for name, (neutral, allowed) in known.items():
             value = getattr(self, name)
             if not _is_neutral(value, neutral):
-                return name, f"{name} is not supported by this server (only {allowed} or null), got {value!r}"
+                return name, (f"{name} is not supported by this server (only {allowed} or null), "
+                              f"got {value!r}")
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed with stream: true"
         return None
@@ -443,12 +445,14 @@ class ChatCompletionRequest(_SamplingFields):
                                        f'"function": {{"name": ...}}}}, got {self.tool_choice!r}')
         elif self.tool_choice not in (None, "none", "auto"):
             return "tool_choice", f"tool_choice={self.tool_choice!r} needs tools: the functions the model may call"
-        if self.functions and self.function_call != "none":
-            choice = "auto (the default)" if self.function_call is None else repr(self.function_call)
-            return "functions", (f"functions with function_call={choice} needs tool calling, which this server "
-                                 'does not support (only function_call: "none")')
-        if not self.functions and self.function_call not in (None, "none", "auto"):
-            return "function_call", (f"function_call={self.function_call!r} needs tool calling, which this "
+        # OpenAI's older spelling of tools: accepted only where the model may not call them.
+        call = self.function_call
+        if self.functions and call != "none":
+            choice = "auto (the default)" if call is None else repr(call)
+            return "functions", (f"functions with function_call={choice} needs tool calling, which "
+                                 'this server does not support (only function_call: "none")')
+        if not self.functions and call not in (None, "none", "auto"):
+            return "function_call", (f"function_call={call!r} needs tool calling, which this "
                                      "server does not support")
         return super().unsupported()
 

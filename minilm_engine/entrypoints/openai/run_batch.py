@@ -81,7 +81,8 @@ async def run_one(serving: OpenAIServing, custom_id: str, item: dict) -> dict:
                            "stream", "invalid_value")
         prepared = serving.prepare(body)
         streams = await serving.submit(prepared)
-        return output_line(custom_id, 200, prepared.response_id, await serving.response(prepared, streams))
+        answer = await serving.response(prepared, streams)
+        return output_line(custom_id, 200, prepared.response_id, answer)
     except APIError as e:
         return output_line(custom_id, e.status, None, e.body(), e)
     except RuntimeError as e:  # a failed engine step: this request is lost, the others go on

@@ -86,7 +86,8 @@ class Prepared:
 
     def usage(self, num_output_tokens: int) -> Usage:
         """Each prompt counted once, not once per sample."""
-        return Usage.of(sum(r.num_prompt_tokens for r in self.requests if r.index == 0), num_output_tokens)
+        num_prompt_tokens = sum(r.num_prompt_tokens for r in self.requests if r.index == 0)
+        return Usage.of(num_prompt_tokens, num_output_tokens)
 
     def prompt_text(self, request: Request) -> str:
         return request.prompt if request.prompt is not None else self.tokenizer.decode(request.prompt_token_ids)
@@ -193,7 +194,9 @@ class OpenAIServing:
             requests = self.engine.make_requests(request_id, prompt, params, priority)
         except (ValueError, TypeError) as e:
             message = str(e)
-            param = _param_named_in(message, body) or ("prompt" if isinstance(body, CompletionRequest) else "messages")
+            param = _param_named_in(message, body)
+            if param is None:
+                param = "prompt" if isinstance(body, CompletionRequest) else "messages"
             code = "context_length_exceeded" if "context" in message else "invalid_value"
             raise APIError(400, message, param, code) from None
         num_prompt_tokens = requests[0].num_prompt_tokens
@@ -213,13 +216,17 @@ class OpenAIServing:
         problem = body.unsupported()
         if problem is not None:
             param, message = problem
-            raise APIError(400, message, param, "invalid_value" if param in ("n", "prompt") else "unsupported_value")
+            code = "invalid_value" if param in ("n", "prompt") else "unsupported_value"
+            raise APIError(400, message, param, code)
         warn_ignored(body.ignored_fields())
         chat = isinstance(body, ChatCompletionRequest)
         response_id = self.engine.new_request_id("chatcmpl" if chat else "cmpl")
         if chat:
             tools = body.template_tools()
-            prompt = self.render(body.messages, {**(body.chat_template_kwargs or {}), **({"tools": tools} if tools else {})})
+            template_kwargs = dict(body.chat_template_kwargs or {})
+            if tools:
+                template_kwargs["tools"] = tools
+            prompt = self.render(body.messages, template_kwargs)
             # The template's stop strings end the assistant's turn; ignore_eos ignores them too
             # (guidellm and `bench serve` ask for exactly max_tokens that way), and a grammar
             # ends its own turn (its JSON may hold a newline).
@@ -229,11 +236,12 @@ class OpenAIServing:
             prompts = body.engine_prompts()
             # One engine request per prompt, all made (and so all checked) before any is submitted.
             ids = [response_id] if len(prompts) == 1 else [f"{response_id}-{i}" for i in range(len(prompts))]
-            requests = [r for rid, prompt in zip(ids, prompts) for r in self._make(rid, prompt, body, body.max_tokens)]
+            requests = [r for rid, prompt in zip(ids, prompts)
+                        for r in self._make(rid, prompt, body, body.max_tokens)]
         model = self.served_model_names[0] if body.model is None else body.model  # vLLM's default
-        return Prepared(response_id, requests, model, chat, body.include_usage, body.continuous_usage,
-                        self.engine.llm.tokenizer, echo=not chat and body.echo,
-                        tool_mode=body.tool_mode if chat else None)
+        return Prepared(response_id, requests, model, chat, body.include_usage,
+                        body.continuous_usage, self.engine.llm.tokenizer,
+                        echo=not chat and body.echo, tool_mode=body.tool_mode if chat else None)
 
     def render(self, messages, template_kwargs: dict | None = None) -> str:
         """Chat messages -> the prompt text (the chat template), or a 400 saying why not."""
@@ -308,8 +316,8 @@ class OpenAIServing:
         message = _chat_message(answer.text, answer.finish_reason, prepared.tool_mode)
         num_top = prepared.requests[index].sampling_params.logprobs
         return ChatChoice(
-            index=index, message=message, finish_reason="tool_calls" if message.tool_calls else answer.finish_reason,
-            stop_reason=answer.stop_reason,
+            index=index, message=message, stop_reason=answer.stop_reason,
+            finish_reason="tool_calls" if message.tool_calls else answer.finish_reason,
             logprobs=None if answer.logprobs is None else chat_logprobs(
                 answer.token_ids, answer.logprobs, num_top, prepared.tokenizer),
         )
@@ -329,15 +337,19 @@ class OpenAIServing:
                 state.logprobs += delta.logprobs
             for choice in choices(prepared, index, delta, state):
                 usage = prepared.usage(sum(d.num_output_tokens for d in last.values()))
-                chunk = chunk_type(id=prepared.response_id, model=prepared.model, choices=[choice], usage=usage)
+                chunk = chunk_type(id=prepared.response_id, model=prepared.model, choices=[choice],
+                                   usage=usage)
                 yield sse(chunk.model_dump(exclude=None if prepared.continuous_usage else {"usage"}))
         if prepared.include_usage and last:  # a last event with no choices, only the usage
             usage = prepared.usage(sum(d.num_output_tokens for d in last.values()))
-            yield sse(chunk_type(id=prepared.response_id, model=prepared.model, choices=[], usage=usage).model_dump())
+            chunk = chunk_type(id=prepared.response_id, model=prepared.model, choices=[],
+                               usage=usage)
+            yield sse(chunk.model_dump())
         yield sse("[DONE]")
 
     @staticmethod
-    def _completion_chunks(prepared: Prepared, index: int, delta: StreamDelta, state: _Unsent) -> list:
+    def _completion_chunks(prepared: Prepared, index: int, delta: StreamDelta,
+                           state: _Unsent) -> list[CompletionChoice]:
         request = prepared.requests[index]
         text = delta.text
         if not state.started and prepared.echo:
@@ -354,45 +366,55 @@ class OpenAIServing:
             logprobs = completion_logprobs(token_ids, rows, prepared.tokenizer, state.text_offset)
             if token_ids:
                 state.text_offset = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+        stop_reason = delta.stop_reason if delta.finished else None
         return [CompletionChoice(index=index, text=text, finish_reason=delta.finish_reason,
-                                 stop_reason=delta.stop_reason if delta.finished else None, logprobs=logprobs)]
+                                 stop_reason=stop_reason, logprobs=logprobs)]
 
     @staticmethod
-    def _chat_chunks(prepared: Prepared, index: int, delta: StreamDelta, state: _Unsent) -> list:
+    def _chat_chunks(prepared: Prepared, index: int, delta: StreamDelta,
+                     state: _Unsent) -> list[ChatChunkChoice]:
         if prepared.tool_mode is not None:  # the text may be calls: sent once finished
             state.held += delta.text
-            return _tool_call_chunks(index, state.held, delta, prepared.tool_mode) if delta.finished else []
+            if not delta.finished:
+                return []
+            return _tool_call_chunks(index, state.held, delta, prepared.tool_mode)
         request = prepared.requests[index]
         out = []
         # The role rides on the first text (or on the end of an answer with none).  Logprobs of
         # tokens whose text was held back go out with the next text, or at the end.
         with_logprobs = request.logprobs is not None
-        if delta.text or (delta.finished and (not state.started or (state.token_ids and with_logprobs))):
+        unsent_logprobs = bool(state.token_ids) and with_logprobs
+        if delta.text or (delta.finished and (not state.started or unsent_logprobs)):
             token_ids, rows = state.take()
             logprobs = None
             if with_logprobs:
-                logprobs = chat_logprobs(token_ids, rows, request.sampling_params.logprobs, prepared.tokenizer)
-            role = None if state.started else "assistant"
-            out.append(ChatChunkChoice(index=index, delta=ChatDelta(role=role, content=delta.text), logprobs=logprobs))
+                num_top = request.sampling_params.logprobs
+                logprobs = chat_logprobs(token_ids, rows, num_top, prepared.tokenizer)
+            message = ChatDelta(role=None if state.started else "assistant", content=delta.text)
+            out.append(ChatChunkChoice(index=index, delta=message, logprobs=logprobs))
             state.started = True
         if delta.finished:
-            out.append(ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=delta.finish_reason))
+            end = ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=delta.finish_reason)
+            out.append(end)
         return out
 
 
-def _tool_call_chunks(index: int, text: str, delta: StreamDelta, tool_mode: str) -> list[ChatChunkChoice]:
+def _tool_call_chunks(index: int, text: str, delta: StreamDelta,
+                      tool_mode: str) -> list[ChatChunkChoice]:
     """A finished answer that may hold tool calls: any text first, the calls in one delta (each
     call's arguments whole), then the end."""
     message = _chat_message(text, delta.finish_reason, tool_mode)
-    out = []
+    deltas: list[ChatDelta] = []
     if message.content or not message.tool_calls:
-        out.append(ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=message.content or "")))
-    if not message.tool_calls:
-        return out + [ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=delta.finish_reason)]
-    calls = [ToolCallDelta(index=k, **call.model_dump()) for k, call in enumerate(message.tool_calls)]
-    role = None if message.content else "assistant"
-    return out + [ChatChunkChoice(index=index, delta=ChatToolCallsDelta(role=role, tool_calls=calls)),
-                  ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason="tool_calls")]
+        deltas.append(ChatDelta(role="assistant", content=message.content or ""))
+    if message.tool_calls:
+        calls = [ToolCallDelta(index=k, **call.model_dump())
+                 for k, call in enumerate(message.tool_calls)]
+        role = None if message.content else "assistant"
+        deltas.append(ChatToolCallsDelta(role=role, tool_calls=calls))
+    finish_reason = "tool_calls" if message.tool_calls else delta.finish_reason
+    return [ChatChunkChoice(index=index, delta=d) for d in deltas] + [
+        ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finish_reason)]
 
 
 async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, StreamDelta]]:
@@ -439,7 +461,8 @@ def _prompt_logprobs_json(rows: list[PositionLogprobs | None] | None) -> list[di
         for token_id, lp in row.items()} for row in rows]
 
 
-def _chat_message(text: str, finish_reason: str | None, tool_mode: str | None) -> ChatResponseMessage:
+def _chat_message(text: str, finish_reason: str | None,
+                  tool_mode: str | None) -> ChatResponseMessage:
     """The message of a finished answer, with the tool calls it holds (none when cut short)."""
     found = None
     if tool_mode == "auto" and finish_reason == "stop":
