@@ -120,6 +120,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 
 def rate_limiter_from_args(args: argparse.Namespace) -> RateLimiter | None:
     """The limiter the flags ask for (None: no limit, no keys file); raises ValueError."""
+    for flag, value in (("--rate-limit-rpm", args.rate_limit_rpm), ("--rate-limit-tpm", args.rate_limit_tpm)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     if not args.rate_limit_period > 0:
         raise ValueError(f"--rate-limit-period must be > 0 seconds, got {args.rate_limit_period}")
     defaults = RateLimits(args.rate_limit_rpm, args.rate_limit_tpm)
