@@ -202,9 +202,11 @@ def schedule_step(step: StepInputs, pool: StepPool) -> StepPlan:
                 waiting.clear()  # the head holds the queue
                 continue
             if num_new == 0:
-                raise RuntimeError(f"request {head.request_id!r} was admitted with no tokens to compute: {state}")
+                raise RuntimeError(f"{head.request_id!r} admitted with no tokens to compute: "
+                                   f"{state}")
             if not pool.allocate(head.request_id, num_new):
-                raise RuntimeError(f"request {head.request_id!r} was admitted but the pool cannot hold it: {state}")
+                raise RuntimeError(f"{head.request_id!r} admitted, but the pool cannot hold it: "
+                                   f"{state}")
             waiting.pop(0)
             running.insert(i, head)
             request = head

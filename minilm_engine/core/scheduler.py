@@ -45,7 +45,9 @@ from minilm_engine.core.kv_cache_manager import BlockManager
 from minilm_engine.core.outputs import DraftTokens
 from minilm_engine.core.request import Request, RequestStatus
 from minilm_engine.core.request_queue import RequestOrder
-from minilm_engine.core.schedule_step import StepInputs, StepPlan, StepPlanError, StepRequest, schedule_step
+from minilm_engine.core.schedule_step import (
+    StepInputs, StepPlan, StepPlanError, StepRequest, schedule_step,
+)
 
 if TYPE_CHECKING:
     from minilm_engine.core.outputs import ModelRunnerOutput
