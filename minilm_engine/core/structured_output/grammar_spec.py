@@ -39,7 +39,10 @@ class GrammarSpec:
         """`disable_any_whitespace`: the engine's setting, on top of the request's own."""
         any_whitespace = not (params.disable_any_whitespace or disable_any_whitespace)
         if params.json is not None:
-            schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+            try:
+                schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+            except ValueError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
             if not isinstance(schema, dict):
                 raise ValueError(f"structured_outputs.json must be a JSON schema (an object), got {params.json!r}")
             return cls("json", json.dumps(schema), any_whitespace, "json")
