@@ -1,16 +1,10 @@
 """A request's state as it moves through the engine, and the rules that finish it.
 
 Contract: the scheduler calls `request.append_output_token(token_id)` after every sampled token;
-the request then decides by itself whether its ids end it (EOS, a stop token id, `max_tokens`,
-the model's context full) and records `finish_reason` and `stop_reason` the way vLLM does:
-"stop" (stop_reason: the stop token id; None for EOS) or "length".  Nothing here sees a
-tokenizer: `output_text` is written by the output processor (`entrypoints/output_processor.py`),
-which also finds stop strings in it and ends the request with `stop_on_string` (stop_reason: the
-string; token ids keep the token that completed it).  A request that asked for logprobs gets
-them with each token (`append_logprobs`), and its prompt's, chunk by chunk
-(`append_prompt_logprobs`).  A request with structured outputs carries its `grammar`
-(`core/structured_output/`): each appended token advances it, and a terminated grammar stops
-the request as EOS does (finish_reason "stop").
+the request then decides whether its ids end it (EOS, a stop token id, a terminated grammar,
+`max_tokens`, the context full) and records vLLM's `finish_reason` ("stop" or "length") and
+`stop_reason` (the stop token id; None for EOS).  Nothing here sees a tokenizer: the output
+processor writes `output_text` and ends a request on a stop string (`stop_on_string`).
 """
 
 from __future__ import annotations
@@ -43,7 +37,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in _FINISH_REASONS  # the three FINISHED_* states (defined just below)
+        return self in _FINISH_REASONS
 
 
 _FINISH_REASONS = {
@@ -62,38 +56,28 @@ class Request:
     eos_token_ids: tuple[int, ...]
     max_model_len: int
     generator: torch.Generator | None = None
-    # Scheduling rank under scheduling_policy="priority" (vLLM's convention: lower is served
-    # first, 0 the default; the server's batch tier is a large value).  Ignored under "fcfs".
-    priority: int = 0
+    priority: int = 0  # under scheduling_policy="priority": lower is served first (vLLM's)
     output_token_ids: list[int] = field(default_factory=list)
     output_text: str = ""  # written by the output processor; the core only copies it out
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     num_computed_tokens: int = 0  # tokens whose keys/values are in the cache (paged engine)
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
-    # Prefix caching: block size -> chained hashes of this request's first full blocks, computed
-    # once (`BlockManager.get_computed_blocks` extends the list) and shared by the draft's pool.
+    # Prefix caching: block size -> chained hashes of its full blocks, computed once.
     block_hashes: dict[int, list[int]] = field(default_factory=dict, repr=False)
-    # For the output processor: True, output_text follows every token (streaming); False,
-    # decoded once when the request ends (`LLM.generate`), unless stop strings need it.
-    incremental_text: bool = True
+    incremental_text: bool = True  # output_text follows every token (False: decoded at the end)
     index: int = 0  # which of the n samples of its prompt this request is (n > 1)
-    # n > 1: the sample whose prompt KV this one reads from the prefix cache; the scheduler
-    # admits this one only once that one's prompt is computed (`waits_for_prefix`).
+    # n > 1: the sample whose prompt KV this one reads from the prefix cache (`waits_for_prefix`).
     prefix_source: Request | None = field(default=None, repr=False)
     num_cached_tokens: int | None = None  # prefix-cache hit when first scheduled
-    # Logprobs asked for (None: not asked): one {token id: Logprob} per output token, and per
-    # prompt token (the first None: nothing predicts it).
+    # Logprobs, if asked: one {token id: Logprob} per output token, and per prompt token.
     logprobs: list[PositionLogprobs] | None = field(default=None, repr=False)
     cumulative_logprob: float | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = field(default=None, repr=False)
-    # Structured outputs: this request's matcher (None: unconstrained); the sampler masks the
-    # tokens it does not allow, and every appended token advances it.
-    grammar: Grammar | None = field(default=None, repr=False)
+    grammar: Grammar | None = field(default=None, repr=False)  # structured outputs' matcher
 
     def __post_init__(self) -> None:
-        # Prompt and outputs in one list, kept up to date token by token: the engine reads it
-        # every step, and concatenating two long lists each time would cost O(length).
+        # Prompt and outputs in one list, kept up to date token by token (read every step).
         self._all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
         params = self.sampling_params
         if params.logprobs is not None and self.logprobs is None:
@@ -215,16 +199,7 @@ class Request:
         self.metrics.finished_time = time.perf_counter()
 
     def to_output(self) -> RequestOutput:
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt=self.prompt,
-            prompt_token_ids=self.prompt_token_ids,  # never changes: shared, not copied each step
-            outputs=[self.completion()],
-            finished=self.finished,
-            metrics=self.metrics,
-            prompt_logprobs=self.prompt_logprobs,
-            num_cached_tokens=self.num_cached_tokens or 0,
-        )
+        return merge_samples([self], self.request_id)
 
     def completion(self) -> CompletionOutput:
         return CompletionOutput(
@@ -241,7 +216,7 @@ class Request:
 def merge_samples(samples: list[Request], request_id: str) -> RequestOutput:
     """The n samples of one prompt -> one RequestOutput, outputs indexed 0..n-1 (vLLM's shape).
     Prompt logprobs come from sample 0 (the only one that computes them); num_cached_tokens
-    adds up the samples' prefix-cache hits (samples 1..n-1 read sample 0's prompt blocks)."""
+    adds up the samples' prefix-cache hits."""
     first = samples[0]
     return RequestOutput(
         request_id=request_id,
