@@ -248,14 +248,11 @@ class Scheduler:
     ) -> StepUpdate:
         """The step ran: append its tokens, and its keys/values are in the cache.
 
-        `sampled[i]`: the tokens scheduled request i got (none for a prompt chunk; one; or, with
-        drafts, the accepted ones and one more).  They are appended in order until the request
-        finishes by its ids (tokens after EOS or a stop id are dropped, accepted or not; stop
-        strings are the output processor's, which the engine runs next).  Drafts not appended were
-        computed for nothing: the computed count falls back before them and blocks past it are
-        freed.  Then full blocks join the prefix cache.  `sampled=None`: no tokens this step
-        (tests of the scheduler alone append their own).  `logprobs`: the runner's output, whose
-        logprobs (sampled tokens', prompt chunks') go to the requests that asked.
+        `sampled[i]`: the tokens scheduled request i got (none for a prompt chunk; one; or the
+        accepted drafts and one more), appended until the request finishes by its ids.  Drafts
+        not appended were computed for nothing: the computed count falls back before them and
+        blocks past it are freed.  Then full blocks join the prefix cache.  `sampled=None`: no
+        tokens (tests of the scheduler alone).  `logprobs`: the runner's output, if any asked.
         """
         update = StepUpdate()
         for i, s in enumerate(out.scheduled):
@@ -297,27 +294,21 @@ class Scheduler:
         self._freed_request_ids.append(request_id)
         self._unsent_tables.discard(request_id)
 
-    # -- KV transfer (distributed/kv_transfer/): requests that move between engines ----------
+    # -- KV transfer (distributed/kv_transfer/): requests that move between engines
 
     def detach(self, request: Request) -> None:
-        """Stop scheduling a running request without freeing its blocks.
-
-        A KV producer (disaggregated prefill) hands a request to another engine once its first
-        token is sampled: the request leaves `running`, and its block table stays in the block
-        manager until the KV has been copied out (the caller then calls `block_manager.free`).
-        """
+        """Stop scheduling a running request without freeing its blocks: a KV producer
+        (disaggregated prefill) copies them out, then calls `block_manager.free`."""
         if request not in self.running:
             raise ValueError(f"request {request.request_id!r} is not running, so it cannot be detached")
         self.running.remove(request)
         self.order.leave(request)
-        # Its row in the runner goes; the blocks stay in the manager for the caller.
         self._freed_request_ids.append(request.request_id)
         self._unsent_tables.discard(request.request_id)
 
     def add_running(self, request: Request) -> None:
-        """Admit a request whose KV for its first `num_computed_tokens` tokens is already in its
-        block table (a KV consumer received it): it joins `running` and its next step is a
-        decode.  The caller has checked that it is decoding and that its table is there."""
+        """Admit a decoding request whose KV is already in its block table (a KV consumer
+        received it): it joins `running`."""
         if len(self.running) >= self.config.max_num_seqs:
             raise ValueError(f"the batch is full ({self.config.max_num_seqs} requests running)")
         request.status = RequestStatus.RUNNING
@@ -328,8 +319,7 @@ class Scheduler:
 
 class _StepPool:
     """`schedule_step`'s view of the KV cache (`StepPool`): each call is carried out on the
-    scheduler's state as it is made (allocations, admissions, preemptions), and recorded, so
-    that `check` can hold the returned plan against what was done."""
+    scheduler's state as it is made, so that `check` can hold the plan against what was done."""
 
     def __init__(self, scheduler: Scheduler, waiting: dict[str, Request], drafts: Mapping[str, DraftTokens],
                  out: SchedulerOutput):
