@@ -155,9 +155,8 @@ class BlockPool:
     by block id removes from the middle in O(1), as a doubly linked list would.
     """
 
-    def __init__(
-        self, num_blocks: int, enable_caching: bool = True, observer: BlockObserver | None = None
-    ):
+    def __init__(self, num_blocks: int, enable_caching: bool = True,
+                 observer: BlockObserver | None = None):
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -166,11 +165,9 @@ class BlockPool:
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_blocks)]
         # block_id -> block, head first. Initially in id order so the first allocation is 0, 1, ...
         self._free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
-            (block.block_id, block) for block in self.blocks
-        )
+            (block.block_id, block) for block in self.blocks)
         self.cached_blocks: dict[int, KVCacheBlock] = {}
 
-    # ------------------------------------------------------------------ counts
     @property
     def num_free_blocks(self) -> int:
         """Blocks with ref_cnt 0, whether or not they still hold a cached prefix."""
@@ -195,19 +192,15 @@ class BlockPool:
         """Fraction of blocks in use, from 0.0 to 1.0; cached-free blocks count as free."""
         return self.num_used_blocks / self.num_blocks
 
-    # ------------------------------------------------------------------ allocation
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """`num_blocks` blocks from the head of the free queue, each held once (`take_free_blocks`:
         a block that held a cached prefix loses it)."""
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         if num_blocks > self.num_free_blocks:
-            raise ValueError(
-                f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} of "
-                f"{self.num_blocks} are free (check with num_free_blocks first)"
-            )
-        # Which of the blocks about to be taken hold a prefix: looked at only for an observer.
-        evicted = set()
+            raise ValueError(f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} of "
+                             f"{self.num_blocks} are free (check with num_free_blocks first)")
+        evicted = set()  # (which of the blocks about to be taken hold a prefix: for an observer)
         if self.observer is not None:
             heads = islice(self._free_queue.values(), num_blocks)
             evicted = {block.block_id for block in heads if block.block_hash is not None}
@@ -219,7 +212,6 @@ class BlockPool:
                 self._log("allocated", block)
         return new_blocks
 
-    # ------------------------------------------------------------------ prefix cache
     def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
         """The block holding the prefix named by `block_hash`, used or free; None on a miss."""
         return self.cached_blocks.get(block_hash)
@@ -230,10 +222,8 @@ class BlockPool:
         blocks = list(blocks)
         for block in blocks:
             if block.ref_cnt == 0 and block.block_hash is None:
-                raise ValueError(
-                    f"cannot touch block {block.block_id}: it is free and holds no cached prefix "
-                    f"(was it evicted since get_cached_block returned it?)"
-                )
+                raise ValueError(f"cannot touch block {block.block_id}: it is free and holds no "
+                                 f"cached prefix (evicted since get_cached_block returned it?)")
         for block in blocks:
             share_block(block, self._free_queue)
             self._log("shared", block)
@@ -248,10 +238,8 @@ class BlockPool:
             raise ValueError(f"cannot cache block {block.block_id}: it is free (ref_cnt 0)")
         if block.block_hash is not None:
             if block.block_hash != block_hash:
-                raise ValueError(
-                    f"block {block.block_id} is already cached under another hash "
-                    f"({block.block_hash} != {block_hash})"
-                )
+                raise ValueError(f"block {block.block_id} is already cached under another hash "
+                                 f"({block.block_hash} != {block_hash})")
             return True
         if block_hash in self.cached_blocks:
             return False
@@ -270,28 +258,21 @@ class BlockPool:
         self.cached_blocks.clear()
         return num_dropped
 
-    # ------------------------------------------------------------------ freeing
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference to each block (`release_blocks`), in the order given: the caller
         chooses which is evicted first.  A double free raises, and then nothing changes."""
         blocks = list(blocks)
         num_frees: dict[int, int] = {}
         for block in blocks:
-            num_frees[block.block_id] = num_frees.get(block.block_id, 0) + 1
-            if num_frees[block.block_id] > block.ref_cnt:
-                raise ValueError(
-                    f"double free of block {block.block_id}: ref_cnt is {block.ref_cnt} "
-                    f"but it was freed {num_frees[block.block_id]} time(s)"
-                )
+            num = num_frees[block.block_id] = num_frees.get(block.block_id, 0) + 1
+            if num > block.ref_cnt:
+                raise ValueError(f"double free of block {block.block_id}: ref_cnt is {block.ref_cnt} "
+                                 f"but it was freed {num} time(s)")
         release_blocks(blocks, self._free_queue)
         if self.observer is not None:
-            logged = set()
-            for block in blocks:
-                if block.ref_cnt == 0 and block.block_id not in logged:
-                    logged.add(block.block_id)
-                    self._log("freed", block)
+            for block_id in dict.fromkeys(block.block_id for block in blocks if block.ref_cnt == 0):
+                self.observer(BlockEvent("freed", block_id))
 
-    # ------------------------------------------------------------------ inspection
     def block_state(self, block: KVCacheBlock) -> BlockState:
         if block.ref_cnt > 0:
             return "used"
@@ -304,12 +285,8 @@ class BlockPool:
     def snapshot(self) -> list[dict]:
         """One dict per block (block_id, ref_cnt, block_hash, state), for the memory widget."""
         return [
-            {
-                "block_id": block.block_id,
-                "ref_cnt": block.ref_cnt,
-                "block_hash": block.block_hash,
-                "state": self.block_state(block),
-            }
+            {"block_id": block.block_id, "ref_cnt": block.ref_cnt, "block_hash": block.block_hash,
+             "state": self.block_state(block)}
             for block in self.blocks
         ]
 
@@ -319,20 +296,16 @@ class BlockPool:
             assert block.ref_cnt >= 0, f"block {block.block_id} has ref_cnt {block.ref_cnt}"
             in_queue = block.block_id in self._free_queue
             assert in_queue == (block.ref_cnt == 0), (
-                f"block {block.block_id}: ref_cnt {block.ref_cnt} but in free queue: {in_queue}"
-            )
+                f"block {block.block_id}: ref_cnt {block.ref_cnt} but in free queue: {in_queue}")
             if block.block_hash is not None:
                 assert self.cached_blocks.get(block.block_hash) is block, (
-                    f"block {block.block_id} has a hash that does not lead back to it"
-                )
+                    f"block {block.block_id} has a hash that does not lead back to it")
         for block_hash, block in self.cached_blocks.items():
             assert block.block_hash == block_hash, (
-                f"hash {block_hash} maps to block {block.block_id}, which has {block.block_hash}"
-            )
+                f"hash {block_hash} maps to block {block.block_id}, which has {block.block_hash}")
         num_used = sum(1 for block in self.blocks if block.ref_cnt > 0)
         assert num_used + self.num_free_blocks == self.num_blocks, (
-            f"{num_used} used + {self.num_free_blocks} free != {self.num_blocks} blocks"
-        )
+            f"{num_used} used + {self.num_free_blocks} free != {self.num_blocks} blocks")
 
     def _log(self, kind: BlockEventKind, block: KVCacheBlock) -> None:
         if self.observer is not None:
