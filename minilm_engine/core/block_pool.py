@@ -266,8 +266,8 @@ class BlockPool:
         for block in blocks:
             num = num_frees[block.block_id] = num_frees.get(block.block_id, 0) + 1
             if num > block.ref_cnt:
-                raise ValueError(f"double free of block {block.block_id}: ref_cnt is {block.ref_cnt} "
-                                 f"but it was freed {num} time(s)")
+                raise ValueError(f"double free of block {block.block_id}: ref_cnt is "
+                                 f"{block.ref_cnt} but it was freed {num} time(s)")
         release_blocks(blocks, self._free_queue)
         if self.observer is not None:
             for block_id in dict.fromkeys(block.block_id for block in blocks if block.ref_cnt == 0):
