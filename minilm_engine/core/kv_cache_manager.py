@@ -80,7 +80,6 @@ class BlockManager:
         # cache is the last entry, and its length says how many blocks are already committed.
         self._block_hashes: dict[str, list[int]] = {}
 
-    # ------------------------------------------------------------------ counts
     @property
     def num_free_blocks(self) -> int:
         return self.block_pool.num_free_blocks
@@ -97,7 +96,6 @@ class BlockManager:
         """Blocks in the request's table (0: it holds none)."""
         return len(self.block_tables.get(request_id, ()))
 
-    # ------------------------------------------------------------------ prefix cache
     def get_computed_blocks(
         self, token_ids: Sequence[int], block_hashes: list[int] | None = None
     ) -> tuple[list[KVCacheBlock], int]:
@@ -112,33 +110,19 @@ class BlockManager:
             return [], 0
         max_num_blocks = (len(token_ids) - 1) // self.block_size
         hashes = block_hashes if block_hashes is not None else []
-        for i in range(len(hashes), max_num_blocks):
-            block_tokens = token_ids[i * self.block_size : (i + 1) * self.block_size]
-            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, block_tokens))
+        self._extend_hashes(hashes, token_ids, max_num_blocks)
         computed_blocks = cached_prefix(hashes[:max_num_blocks], MappingProxyType(self.block_pool.cached_blocks))
         return computed_blocks, len(computed_blocks) * self.block_size
 
-    # ------------------------------------------------------------------ allocation
-    def can_allocate_slots(
-        self,
-        request_id: str,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-        computed_blocks: Sequence[KVCacheBlock] = (),
-    ) -> bool:
+    def can_allocate_slots(self, request_id: str, num_computed_tokens: int, num_new_tokens: int,
+                           computed_blocks: Sequence[KVCacheBlock] = ()) -> bool:
         """Whether `allocate_slots` with the same arguments would succeed."""
-        num_new_blocks = self._num_new_blocks_needed(
-            request_id, num_computed_tokens, num_new_tokens, computed_blocks
-        )
+        num_new_blocks = self.num_blocks_to_allocate(
+            request_id, num_computed_tokens, num_new_tokens, computed_blocks)
         return self._fits(num_new_blocks, computed_blocks)
 
-    def allocate_slots(
-        self,
-        request_id: str,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-        computed_blocks: Sequence[KVCacheBlock] = (),
-    ) -> bool:
+    def allocate_slots(self, request_id: str, num_computed_tokens: int, num_new_tokens: int,
+                       computed_blocks: Sequence[KVCacheBlock] = ()) -> bool:
         """Make the request's table hold slots for `num_computed_tokens + num_new_tokens` tokens;
         False, and nothing changes, when the pool is short of blocks.
 
@@ -146,9 +130,8 @@ class BlockManager:
         tokens `computed_blocks` hold).  `computed_blocks`: the prefix hit, on the first call only
         (or the first after `free`); they are shared (`touch`) and head the table.
         """
-        num_new_blocks = self._num_new_blocks_needed(
-            request_id, num_computed_tokens, num_new_tokens, computed_blocks
-        )
+        num_new_blocks = self.num_blocks_to_allocate(
+            request_id, num_computed_tokens, num_new_tokens, computed_blocks)
         if not self._fits(num_new_blocks, computed_blocks):
             return False
         if request_id not in self.block_tables:
@@ -159,16 +142,6 @@ class BlockManager:
         self.block_tables[request_id].extend(self.block_pool.get_new_blocks(num_new_blocks))
         return True
 
-    def num_blocks_to_allocate(
-        self,
-        request_id: str,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-        computed_blocks: Sequence[KVCacheBlock] = (),
-    ) -> int:
-        """How many new blocks `allocate_slots` with the same arguments takes from the pool."""
-        return self._num_new_blocks_needed(request_id, num_computed_tokens, num_new_tokens, computed_blocks)
-
     def num_free_blocks_beside(self, computed_blocks: Sequence[KVCacheBlock] = ()) -> int:
         """Free blocks left for new ones once the prefix hit `computed_blocks` is taken: a hit on
         a cached-free block takes it out of the free queue."""
@@ -178,14 +151,10 @@ class BlockManager:
     def _fits(self, num_new_blocks: int, computed_blocks: Sequence[KVCacheBlock]) -> bool:
         return num_new_blocks <= self.num_free_blocks_beside(computed_blocks)
 
-    def _num_new_blocks_needed(
-        self,
-        request_id: str,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-        computed_blocks: Sequence[KVCacheBlock],
-    ) -> int:
-        """Validate the arguments of (can_)allocate_slots; return how many new blocks they need."""
+    def num_blocks_to_allocate(self, request_id: str, num_computed_tokens: int, num_new_tokens: int,
+                               computed_blocks: Sequence[KVCacheBlock] = ()) -> int:
+        """How many new blocks `allocate_slots` with the same arguments takes from the pool (and
+        ValueError if those arguments are inconsistent)."""
         if num_computed_tokens < 0 or num_new_tokens < 0:
             raise ValueError(f"token counts must be >= 0, got num_computed_tokens="
                              f"{num_computed_tokens}, num_new_tokens={num_new_tokens}")
@@ -229,17 +198,19 @@ class BlockManager:
             raise ValueError(f"request {request_id!r} has slots for {len(table) * self.block_size} "
                              f"tokens, cannot commit {num_computed_tokens}")
         block_hashes = self._block_hashes[request_id]
-        num_full_blocks = num_computed_tokens // self.block_size
-        for i in range(len(block_hashes), num_full_blocks):
-            parent_hash = block_hashes[-1] if block_hashes else None
-            block_tokens = token_ids[i * self.block_size : (i + 1) * self.block_size]
-            block_hash = hash_block_tokens(parent_hash, block_tokens)
-            # Kept in the chain even if the pool does not cache the block: the next one needs it.
-            if self.enable_prefix_caching:
-                self.block_pool.cache_full_block(table[i], block_hash)
-            block_hashes.append(block_hash)
+        num_committed = len(block_hashes)
+        # The chain grows even where the pool does not cache a block: the next hash needs it.
+        self._extend_hashes(block_hashes, token_ids, num_computed_tokens // self.block_size)
+        if self.enable_prefix_caching:
+            for i in range(num_committed, len(block_hashes)):
+                self.block_pool.cache_full_block(table[i], block_hashes[i])
 
-    # ------------------------------------------------------------------ slots
+    def _extend_hashes(self, hashes: list[int], token_ids: Sequence[int], num_blocks: int) -> None:
+        """Extend the chain of `token_ids`' full-block hashes to `num_blocks` blocks."""
+        for i in range(len(hashes), num_blocks):
+            block_tokens = token_ids[i * self.block_size : (i + 1) * self.block_size]
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, block_tokens))
+
     def slot_mapping(self, request_id: str, start: int, end: int) -> list[int]:
         """Cache slot of each token position in [start, end) (`kv_cache_utils.slot_mapping`)."""
         table = self._table(request_id)
@@ -248,7 +219,6 @@ class BlockManager:
                              f"has slots for positions [0, {len(table) * self.block_size})")
         return slot_mapping([block.block_id for block in table], self.block_size, start, end)
 
-    # ------------------------------------------------------------------ freeing
     def free(self, request_id: str) -> None:
         """Release the request's blocks and forget it (finished, aborted or preempted).
 
@@ -275,5 +245,6 @@ class BlockManager:
 
     def _table(self, request_id: str) -> list[KVCacheBlock]:
         if request_id not in self.block_tables:
-            raise KeyError(f"request {request_id!r} holds no blocks (never allocated, or freed)")
+            raise KeyError(f"request {request_id!r} holds no blocks (never allocated, or already "
+                           f"freed)")
         return self.block_tables[request_id]
