@@ -144,14 +144,29 @@ class Request:
 
     def append_output_token(self, token_id: int) -> None:
         """Record a sampled token, then check whether its id ends the request."""
-        self._add_token(token_id)
-        self._check_stop()
+        now = time.perf_counter()
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = now
+        self.metrics.token_times.append(now)
+        self.output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
+        if self.grammar is not None and not self.grammar.accept_token(token_id):
+            # The sampler allowed only what the grammar allows: this is an engine bug.
+            raise RuntimeError(f"request {self.request_id!r}: its grammar refuses token {token_id}")
+        if self.is_stop_token(token_id):
+            # vLLM's stop_reason: the stop token id, or None when EOS ended it.
+            is_eos = token_id not in self.sampling_params.stop_token_ids
+            self.status = RequestStatus.FINISHED_STOPPED
+            self.stop_reason = None if is_eos else token_id
+        elif self.grammar is not None and self.grammar.is_terminated:  # (with ignore_eos)
+            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, None
+        elif len(self.output_token_ids) >= self.max_new_tokens:
+            self.status = RequestStatus.FINISHED_LENGTH
         self._stamp_finish()
 
     def stop_on_string(self, stop: str, num_output_tokens: int) -> None:
         """The output processor found `stop` in the text of the first `num_output_tokens` output
-        tokens: the request ends there, and tokens after them (drafts accepted in the same
-        step) are dropped."""
+        tokens: the request ends there (later tokens, accepted drafts, are dropped)."""
         del self.output_token_ids[num_output_tokens:]
         del self._all_token_ids[self.num_prompt_tokens + num_output_tokens :]
         del self.metrics.token_times[num_output_tokens:]
@@ -163,36 +178,11 @@ class Request:
         if self.finished:
             self.metrics.finished_time = self.metrics.token_times[-1]
 
-    def _add_token(self, token_id: int) -> None:
-        now = time.perf_counter()
-        if self.metrics.first_token_time is None:
-            self.metrics.first_token_time = now
-        self.metrics.token_times.append(now)
-        self.output_token_ids.append(token_id)
-        self._all_token_ids.append(token_id)
-        if self.grammar is not None and not self.grammar.accept_token(token_id):
-            # The sampler allowed only what the grammar allows: this is an engine bug.
-            raise RuntimeError(f"request {self.request_id!r}: token {token_id} is not allowed by its grammar")
-
     def is_stop_token(self, token_id: int) -> bool:
         """Whether this token would end the request (a stop token id, or EOS unless ignored)."""
         params = self.sampling_params
-        return token_id in params.stop_token_ids or (
-            not params.ignore_eos and token_id in self.eos_token_ids
-        )
-
-    def _check_stop(self) -> None:
-        params, token = self.sampling_params, self.output_token_ids[-1]
-        if self.is_stop_token(token):
-            # vLLM's stop_reason: the stop token id, or None when EOS ended it.
-            is_eos = token not in params.stop_token_ids
-            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, None if is_eos else token
-            return
-        if self.grammar is not None and self.grammar.is_terminated:  # (with ignore_eos)
-            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, None
-            return
-        if len(self.output_token_ids) >= self.max_new_tokens:
-            self.status = RequestStatus.FINISHED_LENGTH
+        is_eos = not params.ignore_eos and token_id in self.eos_token_ids
+        return is_eos or token_id in params.stop_token_ids
 
     def abort(self) -> None:
         self.status = RequestStatus.FINISHED_ABORTED

@@ -33,8 +33,7 @@ class StructuredOutputsParams:
         choice       the output is exactly one of these strings
         grammar      an EBNF grammar in xgrammar's dialect (`root ::= "a" | "b"`)
 
-    `disable_any_whitespace` (JSON only): no whitespace between JSON tokens, where vLLM's default
-    allows any (a small model may otherwise fill its tokens with spaces)."""
+    `disable_any_whitespace` (JSON only): no whitespace between JSON tokens (vLLM allows any)."""
 
     json: dict | str | None = None
     json_object: bool | None = None
@@ -98,7 +97,6 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None  # None: any tokens
-    # filled in by __post_init__: stop strings as a list
     _stop_list: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -159,25 +157,15 @@ class SamplingParams:
     @property
     def needs_processing(self) -> bool:
         """Whether any logits processor (penalties, bias, min-tokens) changes this row's logits."""
-        return (
-            self.presence_penalty != 0
-            or self.frequency_penalty != 0
-            or self.repetition_penalty != 1
-            or bool(self.logit_bias)
-            or self.min_tokens > 0
-        )
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+                    or self.logit_bias or self.min_tokens > 0)
 
     def for_sample(self, index: int) -> SamplingParams:
-        """The params of sample `index` of an n > 1 request: n = 1, and a seed of seed + index
-        (vLLM's rule), so sample i of a seeded request is reproducible on its own.  Prompt
-        logprobs are asked of sample 0 only: the others then read the prompt's KV from the
-        prefix cache (a request that wants prompt logprobs must compute every prompt position)."""
-        return replace(
-            self,
-            n=1,
-            seed=None if self.seed is None else self.seed + index,
-            prompt_logprobs=self.prompt_logprobs if index == 0 else None,
-        )
+        """The params of sample `index` of an n > 1 request: n = 1, seed + index (vLLM's rule:
+        each sample reproducible on its own), prompt logprobs for sample 0 only (the others
+        then read the prompt's KV from the prefix cache)."""
+        seed = None if self.seed is None else self.seed + index
+        return replace(self, n=1, seed=seed, prompt_logprobs=self.prompt_logprobs if index == 0 else None)
 
     @property
     def greedy(self) -> bool:
