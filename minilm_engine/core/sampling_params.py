@@ -165,7 +165,8 @@ class SamplingParams:
         each sample reproducible on its own), prompt logprobs for sample 0 only (the others
         then read the prompt's KV from the prefix cache)."""
         seed = None if self.seed is None else self.seed + index
-        return replace(self, n=1, seed=seed, prompt_logprobs=self.prompt_logprobs if index == 0 else None)
+        prompt_logprobs = self.prompt_logprobs if index == 0 else None
+        return replace(self, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
 
     @property
     def greedy(self) -> bool:
