@@ -60,7 +60,7 @@ class EngineConfig:
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.structured_outputs_config = StructuredOutputsConfig.parse(self.structured_outputs_config)
-        choices = (("scheduling_policy", SCHEDULING_POLICIES), ("attention_backend", ATTENTION_BACKENDS))
-        for name, allowed in choices:
+        for name, allowed in (("scheduling_policy", SCHEDULING_POLICIES),
+                              ("attention_backend", ATTENTION_BACKENDS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
