@@ -17,28 +17,18 @@ of `concurrency` requests can have at once, and the `max_model_len` the engine d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
+from minilm_engine.core.config import EngineConfig
 from minilm_engine.core.kv_cache_utils import cdiv
 from minilm_engine.model.config import ModelConfig
 
 CPU_KV_CACHE_LIMIT = 1 << 30  # never reserve more than 1 GiB of KV cache on a CPU by default
 
 
-class KVCacheSizing(Protocol):
-    """The fields of `EngineConfig` that size the pool."""
-
-    max_num_seqs: int
-    block_size: int
-    num_kv_blocks: int | None
-    kv_cache_memory: int | None
-    gpu_memory_utilization: float
-
-
 def decide_num_kv_blocks(
-    config: KVCacheSizing,
+    config: EngineConfig,
     model_config: ModelConfig,
     dtype: torch.dtype,
     device: torch.device,
@@ -62,7 +52,7 @@ def decide_num_kv_blocks(
     return default_num_kv_blocks(config, max_model_len, per_block, limit)
 
 
-def default_num_kv_blocks(config: KVCacheSizing, max_model_len: int, per_block: int, limit: int) -> int:
+def default_num_kv_blocks(config: EngineConfig, max_model_len: int, per_block: int, limit: int) -> int:
     """Room for `max_num_seqs` requests of `max_model_len` tokens, within `limit` bytes: not all
     the memory there is (more blocks could only hold prefix cache), so engines can share a GPU."""
     if limit < per_block:

@@ -1,12 +1,10 @@
 """What a request's `structured_outputs` asks for, as one canonical, hashable spec.
 
 Contract: `GrammarSpec.of(params)` turns vLLM's five spellings into (kind, text, any_whitespace),
-where equal requests give equal specs (a JSON schema is re-serialised compactly, its keys in
-their order: the order of `properties` is the order the output writes them), so
-the backend compiles each grammar once and finds it again by its spec.  `to_xgrammar(spec)`
-parses the spec into an `xgrammar.Grammar` (no tokenizer needed) and raises `ValueError`
-naming the field ("structured_outputs.json: ...") when the library cannot follow it; this is
-how `StructuredOutputsParams` validates at construction.
+equal for equal requests (a JSON schema re-serialised, its keys in their order), so the backend
+compiles each grammar once.  `to_xgrammar(spec)` parses it (no tokenizer needed), raising
+`ValueError` naming the field when the library cannot follow it: how `StructuredOutputsParams`
+validates at construction.
 
     json={"type": "object", ...}  ->  GrammarSpec("json", '{"type": "object", ...}')
     json_object=True              ->  GrammarSpec("json_object", "")
