@@ -16,12 +16,10 @@ Its decisions, in vLLM v1's order:
     3. then the waiting queue, head first: the head starts if `admits` says so (a seat, tokens,
        blocks, nobody preempted this step); the first that cannot start holds everyone behind it.
 
-Under the "priority" policy every request carries its `rank` and both lists come in rank order:
-a waiting head that outranks a running request starts before that one gets its tokens
-(`goes_before`), and a full batch gives its last-ranked seat to a head that outranks it.
-
-The three decisions are the smaller seams of chapters 01 and 04; this function is the loop
-around them (the learner writes its fcfs form in chapter 01: `course/teaching/build_schedule.py`).
+Under "priority" every request carries its `rank` and both lists come in rank order: a waiting
+head that outranks a running request starts before it (`goes_before`), and a full batch gives
+its last-ranked seat to a head that outranks it.  The three decisions are chapters 01 and 04's
+seams; this loop around them is chapter 01's (fcfs) build (`course/teaching/build_schedule.py`).
 """
 
 from __future__ import annotations
@@ -40,11 +38,9 @@ class StepRequest:
     request_id: str
     # Tokens not in the cache yet: a running request's prompt (or the rest of it, or all of it
     # again after a preemption), or 1 to decode; a waiting request's whole prompt (its prefix
-    # hit is the pool's to look up: `StepPool.num_cached_tokens`).
+    # hit is the pool's to look up).
     num_remaining_tokens: int
-    # Speculative decoding: drafts to verify after a decode's one token (0 without).  They are
-    # guesses, so as many as the budget has room for run, with chunked prefill or without.
-    num_spec_tokens: int = 0
+    num_spec_tokens: int = 0  # drafts to verify after a decode's token: as many as fit run
     # "priority" only: (priority, arrival), lower first; None under fcfs.
     rank: tuple[int, int] | None = None
 
@@ -121,10 +117,9 @@ class AdmissionState:
 
 @replaceable("scheduler.admits")
 def admits(state: AdmissionState) -> bool:
-    """Whether the waiting queue's head starts this step.  It needs a seat, tokens in the
-    budget, and blocks for them; and nobody starts in a step that had to preempt: the pool is
-    short, and a newcomer would only push a running request out again next step (thrashing).
-    A head that cannot start holds the queue: nobody behind it starts (no starvation)."""
+    """Whether the waiting queue's head starts this step: a seat, tokens in the budget, blocks
+    for them, and no preemption this step (the pool is short: a newcomer would only push a
+    running request out again, thrashing).  A head that cannot start holds the queue."""
     return (
         state.num_preempted == 0
         and state.num_running < state.max_num_seqs

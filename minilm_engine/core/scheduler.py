@@ -4,23 +4,11 @@ Contract: `schedule()` picks work for one step under two limits, `max_num_batche
 (tokens computed this step) and `max_num_seqs` (requests in the batch).  There is no "prefill
 phase" or "decode phase": each request simply has tokens whose keys/values are not computed yet
 (`num_tokens - num_computed_tokens`: the whole prompt at first, one token per step later), and
-all requests draw on the same budget (vLLM v1's scheduler):
-
-    1. running requests first, in arrival order; a prompt too long for what is left of the
-       budget is cut into a chunk (chunked prefill);
-    2. if the pool runs out of blocks, the most recently arrived running request is preempted:
-       its blocks are freed and it goes back to the front of the queue, to be recomputed later
-       (so nothing is lost and the oldest requests always make progress);
-    3. then waiting requests, oldest first, reusing cached prefix blocks where they can; whether
-       the queue's head starts is one decision, `admits` (a seat, budget, blocks, no preemption).
-
-That is the "fcfs" policy (the default).  Under `scheduling_policy="priority"` (service tiers,
-`request_queue.py`) both lists are kept in rank order, (priority, arrival): a waiting request
-that outranks a running one starts before the running one gets its tokens, the request
-preempted in 2 is the last in rank, and in 3 a full batch gives its last-ranked seat to a
-waiting request that outranks it.  Either way the step is decided as plain data by
-`schedule_step.py`'s `schedule_step(step, pool) -> StepPlan`; `_StepPool` carries out each
-allocation, admission and preemption as it is asked for, then checks the plan against them.
+all requests draw on the same budget (vLLM v1's scheduler).  The step is decided as plain data
+by `schedule_step.py` (running requests first, a victim preempted when blocks run out, then the
+waiting queue in order); `_StepPool` carries out each allocation, admission and preemption as
+it is asked for, then checks the returned plan against them.  The policy, "fcfs" or
+"priority", is `request_queue.py`'s.
 
 Data flows one way through an engine step, and the scheduler owns both ends of it:
 
