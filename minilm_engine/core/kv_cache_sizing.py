@@ -52,7 +52,8 @@ def decide_num_kv_blocks(
     return default_num_kv_blocks(config, max_model_len, per_block, limit)
 
 
-def default_num_kv_blocks(config: EngineConfig, max_model_len: int, per_block: int, limit: int) -> int:
+def default_num_kv_blocks(config: EngineConfig, max_model_len: int, per_block: int,
+                          limit: int) -> int:
     """Room for `max_num_seqs` requests of `max_model_len` tokens, within `limit` bytes: not all
     the memory there is (more blocks could only hold prefix cache), so engines can share a GPU."""
     if limit < per_block:
