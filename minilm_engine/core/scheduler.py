@@ -185,49 +185,6 @@ class Scheduler:
         rank = self.order.rank(request) if self.order.by_priority else None
         return StepRequest(request.request_id, num_remaining, num_spec, rank)
 
-    def _lookup_prefix(self, request: Request) -> tuple[list, int]:
-        """A waiting request's prefix hit: (cached blocks, tokens they hold)."""
-        hit = self.block_manager.get_computed_blocks(
-            request.all_token_ids, request.block_hashes.setdefault(self.block_manager.block_size, [])
-        )
-        if request.skip_reading_prefix_cache:  # prompt logprobs: every position is computed
-            return [], 0
-        return hit
-
-    def _block_update(self, request_id: str, num_held_blocks: int) -> tuple[int, list[int]]:
-        """(num_kept_blocks, new_block_ids) of a table that held `num_held_blocks` before this
-        step's allocation (the runner holds those, unless it never saw the table)."""
-        if self._unsent_tables and request_id in self._unsent_tables:
-            self._unsent_tables.discard(request_id)
-            num_held_blocks = 0
-        return num_held_blocks, self.block_manager.get_block_table(request_id, start=num_held_blocks)
-
-    def _start(self, request: Request, num_cached: int, num_new: int, computed_blocks: list, out: SchedulerOutput) -> bool:
-        """The queue's head starts with its prefix hit and `num_new` tokens; False (nothing
-        changed) if the pool cannot hold them."""
-        if not self.block_manager.allocate_slots(request.request_id, num_cached, num_new, computed_blocks):
-            return False
-        self.waiting.popleft()  # `request` is the queue's head
-        self.order.place(self.running, request)
-        self.num_prefix_cache_queries += request.num_tokens
-        self.num_prefix_cache_hits += num_cached
-        request.status = RequestStatus.RUNNING
-        request.num_computed_tokens = num_cached  # the prefix hit is in the cache already
-        if request.num_cached_tokens is None:
-            request.num_cached_tokens = num_cached
-        out.scheduled.append(
-            schedule_request(request, num_new, num_cached, block_update=self._block_update(request.request_id, 0))
-        )
-        return True
-
-    def _preempt(self, request: Request) -> None:
-        self.running.remove(request)
-        self.num_preemptions += 1
-        self._release_table(request.request_id)
-        request.num_computed_tokens = 0
-        request.status = RequestStatus.PREEMPTED
-        self.order.requeue(self.waiting, request)
-
     def update_from_output(
         self,
         out: SchedulerOutput,
@@ -330,12 +287,31 @@ class _StepPool:
         return request
 
     def _hit(self, request: Request) -> tuple[list, int]:
-        """Its prefix hit, looked up again if a block of it was evicted since."""
+        """Its prefix hit (cached blocks, tokens they hold), looked up again if a block of it was
+        evicted since; none for a request that wants prompt logprobs (every position computed)."""
         hit = self.hits.get(request.request_id)
         cached = self.manager.block_pool.cached_blocks
         if hit is None or any(cached.get(b.block_hash) is not b for b in hit[0]):
-            hit = self.hits[request.request_id] = self.scheduler._lookup_prefix(request)
+            block_hashes = request.block_hashes.setdefault(self.manager.block_size, [])
+            hit = self.manager.get_computed_blocks(request.all_token_ids, block_hashes)
+            if request.skip_reading_prefix_cache:
+                hit = ([], 0)
+            self.hits[request.request_id] = hit
         return hit
+
+    def _schedule(self, request: Request, num_new_tokens: int, num_cached: int,
+                  num_held_blocks: int) -> None:
+        """Record the request's share; the runner holds its first `num_held_blocks` blocks,
+        unless it never saw the table."""
+        unsent = self.scheduler._unsent_tables
+        if unsent and request.request_id in unsent:
+            unsent.discard(request.request_id)
+            num_held_blocks = 0
+        new_block_ids = self.manager.get_block_table(request.request_id, start=num_held_blocks)
+        draft = self.drafts.get(request.request_id)
+        block_update = (num_held_blocks, new_block_ids)
+        scheduled = schedule_request(request, num_new_tokens, num_cached, draft, block_update)
+        self.out.scheduled.append(scheduled)
 
     def num_cached_tokens(self, request_id: str) -> int:
         request = self._waiting(request_id)
@@ -370,12 +346,10 @@ class _StepPool:
             num_held = self.manager.num_held_blocks(request_id)
             if not self.manager.allocate_slots(request_id, request.num_computed_tokens, num_new_tokens):
                 return False
-            update = self.scheduler._block_update(request_id, num_held)
-            self.out.scheduled.append(
-                schedule_request(request, num_new_tokens, draft=self.drafts.get(request_id), block_update=update))
+            self._schedule(request, num_new_tokens, 0, num_held)
             return True
         request = self._waiting(request_id)
-        head = self.scheduler.waiting[0]
+        scheduler, head = self.scheduler, self.scheduler.waiting[0]
         if head is not request:
             raise StepPlanError(f"request {request_id!r} was started while {head.request_id!r} is the waiting queue's "
                                 f"head: fcfs starts requests in queue order")
@@ -383,7 +357,19 @@ class _StepPool:
         if num_new_tokens > request.num_tokens - num_cached:
             raise StepPlanError(f"waiting request {request_id!r} has {request.num_tokens - num_cached} tokens to compute "
                                 f"(its prompt less a prefix hit of {num_cached}), not {num_new_tokens}")
-        return self.scheduler._start(request, num_cached, num_new_tokens, blocks, self.out)
+        if not self.manager.allocate_slots(request_id, num_cached, num_new_tokens, blocks):
+            return False
+        # The head starts, its prefix hit already in the cache.
+        scheduler.waiting.popleft()
+        scheduler.order.place(scheduler.running, request)
+        scheduler.num_prefix_cache_queries += request.num_tokens
+        scheduler.num_prefix_cache_hits += num_cached
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_cached
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_cached
+        self._schedule(request, num_new_tokens, num_cached, 0)
+        return True
 
     def preempt(self, request_id: str) -> None:
         request = self._running(request_id)
@@ -393,7 +379,13 @@ class _StepPool:
             raise StepPlanError(f"request {request_id!r} was preempted after it was scheduled this step (its tokens "
                                 f"would be computed into blocks it gave back): a victim is the request that needs "
                                 f"room or one after it")
-        self.scheduler._preempt(request)
+        scheduler = self.scheduler
+        scheduler.running.remove(request)
+        scheduler.num_preemptions += 1
+        scheduler._release_table(request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        scheduler.order.requeue(scheduler.waiting, request)
         self.out.preempted.append(request)
 
     def check(self, plan: StepPlan, step: StepInputs) -> None:
