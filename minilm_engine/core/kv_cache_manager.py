@@ -45,9 +45,8 @@ __all__ = ["BlockManager", "cdiv"]
 @replaceable("kv_cache.cached_prefix")
 def cached_prefix(block_hashes: Sequence[int], cached_blocks: Mapping[int, KVCacheBlock]) -> list[KVCacheBlock]:
     """The prefix-cache lookup: the cached blocks of the longest run of leading `block_hashes`
-    (the chained hashes of a prompt's full blocks, in order) found in `cached_blocks` (hash ->
-    block, read-only).  It stops at the first miss: the chain is broken there, and a block after
-    the gap cannot be used without the KV of the one missing before it."""
+    (a prompt's chained full-block hashes) found in `cached_blocks` (read-only).  It stops at the
+    first miss: a block after the gap is useless without the KV of the one missing before it."""
     blocks: list[KVCacheBlock] = []
     for block_hash in block_hashes:
         block = cached_blocks.get(block_hash)
@@ -76,8 +75,7 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[KVCacheBlock]] = {}
-        # Hash chain of each request's committed full blocks: the parent of the next block to
-        # cache is the last entry, and its length says how many blocks are already committed.
+        # Hash chain of each request's committed full blocks (its length: how many are committed).
         self._block_hashes: dict[str, list[int]] = {}
 
     @property

@@ -1,12 +1,11 @@
 """How many KV-cache blocks an engine reserves.
 
 Contract: `decide_num_kv_blocks(config, model_config, dtype, device, max_model_len)` returns the
-pool size: what the engine config asks for (`num_kv_blocks`, or a `kv_cache_memory` byte
-budget), else room for `max_num_seqs` requests of `max_model_len` tokens within what the device
-allows (`kv_cache_limit`: 1 GiB on a CPU; on a GPU, what `gpu_memory_utilization` leaves).
-`KVCacheBudget` is the pool's arithmetic (bytes per token per layer -> per token -> per block ->
-blocks -> tokens) and what it implies: `max_context_len(concurrency)`, the longest context each
-of `concurrency` requests can have at once, and the `max_model_len` the engine derives from it.
+pool size: what the engine config asks for (`num_kv_blocks`, or `kv_cache_memory` bytes), else
+room for `max_num_seqs` requests of `max_model_len` tokens within what the device allows (1 GiB
+on a CPU; on a GPU, what `gpu_memory_utilization` leaves).  `KVCacheBudget` is the pool's
+arithmetic, and `max_context_len(concurrency)` the longest context each of `concurrency`
+requests can have at once:
 
     bytes/token/layer = 2 (K and V) x kv heads x head_dim x bytes per element
     bytes/token       = layers x bytes/token/layer  (+ the draft model's, when speculating)

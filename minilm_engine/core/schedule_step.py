@@ -56,8 +56,8 @@ class StepInputs:
 
 @dataclass
 class StepPlan:
-    """The step's schedule.  `num_new_tokens`: request id -> tokens it computes this step, in the
-    order they were scheduled; `preempted`: the ids of the requests preempted, in order."""
+    """`num_new_tokens`: request id -> tokens it computes this step, in the order scheduled;
+    `preempted`: the ids of the requests preempted, in order."""
 
     num_new_tokens: dict[str, int] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
@@ -75,13 +75,11 @@ class StepPool(Protocol):
         ...
 
     def num_new_blocks(self, request_id: str, num_new_tokens: int) -> int:
-        """Blocks the request needs for its next `num_new_tokens` tokens, beyond what it holds
-        (and, waiting, beyond its prefix hit)."""
+        """Blocks its next `num_new_tokens` tokens need beyond those it holds (or its hit)."""
         ...
 
     def num_free_blocks_for(self, request_id: str) -> int:
-        """Blocks the pool can give the request now (a waiting request's hit on free blocks
-        taken out)."""
+        """Blocks the pool can give the request now (less a waiting request's hit on free ones)."""
         ...
 
     def allocate(self, request_id: str, num_new_tokens: int) -> bool:
@@ -90,8 +88,7 @@ class StepPool(Protocol):
         ...
 
     def preempt(self, request_id: str) -> None:
-        """A running request gives its blocks back and goes back to the waiting queue
-        (recomputed later from its tokens)."""
+        """A running request gives its blocks back and waits (to be recomputed later)."""
         ...
 
 
