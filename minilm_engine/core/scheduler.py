@@ -274,9 +274,8 @@ class _StepPool:
         self.drafts = drafts
         self.out = out
         self.hits: dict[str, tuple[list, int]] = {}  # prefix hits looked up this step
-
-    def _running(self, request_id: str) -> Request | None:
-        return next((r for r in self.scheduler.running if r.request_id == request_id), None)
+        self.running = {r.request_id: r for r in scheduler.running}  # kept as the step goes
+        self.scheduled_ids: set[str] = set()
 
     def _waiting(self, request_id: str) -> Request:
         request = self.waiting.get(request_id)
@@ -312,6 +311,7 @@ class _StepPool:
         block_update = (num_held_blocks, new_block_ids)
         scheduled = schedule_request(request, num_new_tokens, num_cached, draft, block_update)
         self.out.scheduled.append(scheduled)
+        self.scheduled_ids.add(request.request_id)
 
     def num_cached_tokens(self, request_id: str) -> int:
         request = self._waiting(request_id)
@@ -319,24 +319,24 @@ class _StepPool:
         return self._hit(request)[1]
 
     def num_new_blocks(self, request_id: str, num_new_tokens: int) -> int:
-        request = self._running(request_id)
+        request = self.running.get(request_id)
         if request is not None:
             return self.manager.num_blocks_to_allocate(request_id, request.num_computed_tokens, num_new_tokens)
         blocks, num_cached = self._hit(self._waiting(request_id))
         return self.manager.num_blocks_to_allocate(request_id, num_cached, num_new_tokens, blocks)
 
     def num_free_blocks_for(self, request_id: str) -> int:
-        if self._running(request_id) is not None:
+        if self.running.get(request_id) is not None:
             return self.manager.num_free_blocks
         return self.manager.num_free_blocks_beside(self._hit(self._waiting(request_id))[0])
 
     def allocate(self, request_id: str, num_new_tokens: int) -> bool:
-        if any(s.request.request_id == request_id for s in self.out.scheduled):
+        if request_id in self.scheduled_ids:
             raise StepPlanError(f"request {request_id!r} was given tokens twice in one step")
         if not isinstance(num_new_tokens, int) or num_new_tokens < 1:
             raise StepPlanError(f"request {request_id!r} was allocated {num_new_tokens!r} tokens: a request that runs "
                                 f"has no tokens to compute otherwise; allocate at least 1 (and leave out one with 0)")
-        request = self._running(request_id)
+        request = self.running.get(request_id)
         if request is not None:
             num_spec = len(self.drafts[request_id]) if request_id in self.drafts else 0
             num_remaining = request.num_tokens - request.num_computed_tokens
@@ -364,6 +364,7 @@ class _StepPool:
         scheduler.order.place(scheduler.running, request)
         scheduler.num_prefix_cache_queries += request.num_tokens
         scheduler.num_prefix_cache_hits += num_cached
+        self.running[request_id] = request
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_cached
         if request.num_cached_tokens is None:
@@ -372,15 +373,16 @@ class _StepPool:
         return True
 
     def preempt(self, request_id: str) -> None:
-        request = self._running(request_id)
+        request = self.running.get(request_id)
         if request is None:
             raise StepPlanError(f"request {request_id!r} is not running, so it cannot be preempted")
-        if any(s.request is request for s in self.out.scheduled):
+        if request_id in self.scheduled_ids:
             raise StepPlanError(f"request {request_id!r} was preempted after it was scheduled this step (its tokens "
                                 f"would be computed into blocks it gave back): a victim is the request that needs "
                                 f"room or one after it")
         scheduler = self.scheduler
         scheduler.running.remove(request)
+        del self.running[request_id]
         scheduler.num_preemptions += 1
         scheduler._release_table(request_id)
         request.num_computed_tokens = 0
