@@ -209,13 +209,12 @@ def schedule_step(step: StepInputs, pool: StepPool) -> StepPlan:
                 i += 1
                 continue
             # 2. Out of blocks: preempt until it fits, or until it was the victim itself.
-            while not pool.allocate(request.request_id, num_new):
+            victim = None
+            while victim is not request and not pool.allocate(request.request_id, num_new):
                 victim = preemption_victim(running[i:])
                 preempt(victim)
-                if victim is request:
-                    break  # it waits now; running[i] is the one after it
-            if request not in running:
-                continue
+            if victim is request:
+                continue  # it waits now; running[i] is the one after it
         else:
             break
         plan.num_new_tokens[request.request_id] = num_new
