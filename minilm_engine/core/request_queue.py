@@ -1,8 +1,7 @@
 """Who goes first: the scheduling policy, as vLLM names it (`--scheduling-policy fcfs|priority`).
 
-Contract: a `RequestOrder` ranks requests for one scheduler.  Every request gets a rank when it
-arrives, `(priority, arrival)`, lower first (vLLM's convention: priority 0 is the default, a
-smaller number is served earlier, negative numbers are allowed).  The policy decides its use:
+Contract: a `RequestOrder` ranks requests for one scheduler: `(priority, arrival)` from when it
+arrives, lower first (vLLM's convention: 0 is the default, negative numbers are allowed):
 
     fcfs       the rank is ignored: running requests in the order they were admitted, then the
                waiting queue oldest first; a preempted request goes back to the queue's front

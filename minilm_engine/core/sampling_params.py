@@ -1,18 +1,10 @@
 """How to pick each next token, per request: the same fields and defaults as vLLM's SamplingParams.
 
-Contract: a `SamplingParams` that constructs is valid; anything else raises `ValueError` or
-`TypeError` saying what is allowed.  `temperature=0` means greedy (argmax), and then top-p,
-top-k, min-p and seed do not matter.  The ranges are vLLM's:
-
-    n >= 1                      independent samples of one prompt (the engine caps it: max_n)
-    presence_penalty, frequency_penalty in [-2, 2]      (OpenAI's, over the output tokens)
-    repetition_penalty > 0      1 = off (over prompt and output tokens, as transformers')
-    min_p in [0, 1]             min_tokens >= 0 (and <= max_tokens)
-    logprobs, prompt_logprobs   None or >= 0 top tokens (the engine caps them: max_logprobs, 20)
-    logit_bias                  {token id: bias}, biases in [-100, 100] (OpenAI's range)
-    structured_outputs          None or a `StructuredOutputsParams` with exactly one of json,
-                                json_object, regex, choice, grammar (checked by the grammar
-                                library at construction: `core/structured_output/`)
+Contract: a `SamplingParams` that constructs is valid (vLLM's ranges, one `_check` per field
+in `__post_init__`); anything else raises `ValueError` or `TypeError` saying what is allowed.
+`temperature=0` means greedy (argmax), and then top-p, top-k, min-p and seed do not matter.
+The engine caps `n` (max_n) and the logprobs (max_logprobs); presence and frequency penalties
+are OpenAI's (over the output tokens), the repetition penalty transformers' (prompt and output).
 """
 
 from __future__ import annotations
