@@ -18,7 +18,7 @@ from minilm_engine import pluggable
 from minilm_engine.core import kv_cache_utils as block_table
 from minilm_engine.course.teaching import build
 from minilm_engine.course.teaching.build_runs import BuildSetup, reference_run
-from minilm_engine.core.scheduler import admits as package_admits
+from minilm_engine.core.schedule_step import admits as package_admits
 from minilm_engine.course.teaching.build_pieces import CHUNK_ARGS, admit_args, preempt_args
 
 

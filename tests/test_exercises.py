@@ -246,7 +246,7 @@ def test_solutions_show_the_engine_code_and_link_the_worked_solution() -> None:
         html = exercise.solution().data
         assert exercise.solutions in html and (solutions / exercise.solutions).exists()
     assert "get_computed_blocks" in cached_prefix_exercise.solution().data
-    assert "_num_tokens_to_compute" in prefill_chunks_exercise.solution().data
+    assert "num_tokens_to_compute" in prefill_chunks_exercise.solution().data
 
 
 def test_an_exercise_takes_stored_cases_only() -> None:

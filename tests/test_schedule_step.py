@@ -1,5 +1,5 @@
 """The scheduler's plain-data seam (core/schedule_step.py): `Scheduler.schedule` decides every
-fcfs step through `schedule_step(step, pool)` and holds the returned plan against what the pool
+step through `schedule_step(step, pool)` and holds the returned plan against what the pool
 did; a plan it cannot carry out is refused with a `StepPlanError` that says why.
 """
 
@@ -48,12 +48,20 @@ def test_every_fcfs_step_goes_through_the_seam_as_plain_data():
     assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("a", 6), ("b", 6)]
 
 
-def test_priority_keeps_its_merged_walk():
+def test_priority_goes_through_the_seam_with_ranks():
+    seen = []
+
+    def watching(step, pool):
+        seen.append([(r.request_id, r.rank) for r in step.waiting])
+        return REFERENCE(step, pool)
+
     s = scheduler(scheduling_policy="priority")
-    s.add_request(request("a"))
-    with pluggable.override("scheduler.schedule_step", lambda step, pool: pytest.fail("called under priority")):
+    s.add_request(request("a", priority=5))
+    s.add_request(request("b", priority=-1))
+    with pluggable.override("scheduler.schedule_step", watching):
         out = s.schedule()
-    assert [x.request.request_id for x in out.scheduled] == ["a"]
+    assert seen == [[("b", (-1, 1)), ("a", (5, 0))]]
+    assert [x.request.request_id for x in out.scheduled] == ["b", "a"]
 
 
 @pytest.mark.parametrize("plan, words", [

@@ -1,9 +1,8 @@
 """The pool of fixed-size KV-cache blocks: ref counts, an LRU free queue and a prefix-hash map.
 
-Contract: `BlockPool` only does bookkeeping; it never touches a tensor. Block `i` stands for
-cache slots `[i * block_size, (i + 1) * block_size)` of the per-layer key/value caches that the
-model runner owns. Which request holds which blocks, and which tokens a block holds, is the job of
-`block_manager.BlockManager`. This file follows vLLM v1's `v1/core/block_pool.py`.
+Contract: `BlockPool` only does bookkeeping; it never touches a tensor.  Block `i` stands for
+cache slots `[i * block_size, (i + 1) * block_size)` of the runner's key/value caches; which
+request holds which blocks is `kv_cache_manager.BlockManager`'s job (vLLM v1's `block_pool.py`).
 
 Every block is in exactly one of three states:
 
@@ -45,11 +44,8 @@ BlockState = Literal["used", "cached_free", "free"]
 
 @dataclass
 class KVCacheBlock:
-    """One block of the paged KV cache.
-
-    `block_hash` is None unless the block is full and registered in the prefix cache; then it is
-    the chained hash of every token up to the end of this block (see `hash_block_tokens`).
-    """
+    """One block of the paged KV cache.  `block_hash`: None unless the block is full and in the
+    prefix cache; then the chained hash of every token up to its end (`hash_block_tokens`)."""
 
     block_id: int
     ref_cnt: int = 0
@@ -90,12 +86,9 @@ def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
         block 1: h1 = H(h0,   t[4:8])
         block 2: h2 = H(h1,   t[8:12])
 
-    Because of the chain, `h2` names the whole prefix t[0:12], not only t[8:12]: two prompts share
-    block 2's KV only if they agree on all 12 tokens (the keys of t[8:12] depend on everything
-    before them). A prefix lookup is therefore one dict lookup per block.
-
-    We use sha256 rather than Python's `hash()` so that the value is the same in every process
-    (a server with several workers, a test re-run) and collisions are out of the question.
+    Because of the chain, `h2` names the whole prefix t[0:12]: two prompts share block 2's KV
+    only if they agree on all 12 tokens, and a prefix lookup is one dict lookup per block.
+    sha256, not `hash()`: the same value in every process, and no collisions.
     """
     text = f"{parent_hash}|{','.join(str(int(t)) for t in token_ids)}"
     digest = hashlib.sha256(text.encode("ascii")).digest()
@@ -144,7 +137,7 @@ def release_blocks(blocks: Sequence[KVCacheBlock], free_queue: OrderedDict[int, 
 class BlockPool:
     """Owns all `num_blocks` blocks of the KV cache.
 
-    Invariants (checked by tests/test_block_pool.py after every step of a random program):
+    Invariants (`check_invariants`, after every step of tests/test_block_pool.py's machine):
       * `ref_cnt >= 0` for every block;
       * a block is in the free queue  <=>  its `ref_cnt == 0`;
       * `num_free_blocks + num_used_blocks == num_blocks`;
@@ -158,13 +151,12 @@ class BlockPool:
         ^ get_new_blocks pops here     free_blocks appends here ^
                             touch removes a hit from anywhere, in O(1)
 
-    so the cached block that has waited longest is the one evicted (LRU). An `OrderedDict`
-    keyed by block id gives us the O(1) removal from the middle that a doubly linked list would.
+    so the cached block that has waited longest is the one evicted (LRU); an `OrderedDict` keyed
+    by block id removes from the middle in O(1), as a doubly linked list would.
     """
 
-    def __init__(
-        self, num_blocks: int, enable_caching: bool = True, observer: BlockObserver | None = None
-    ):
+    def __init__(self, num_blocks: int, enable_caching: bool = True,
+                 observer: BlockObserver | None = None):
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -173,11 +165,9 @@ class BlockPool:
         self.blocks = [KVCacheBlock(block_id=i) for i in range(num_blocks)]
         # block_id -> block, head first. Initially in id order so the first allocation is 0, 1, ...
         self._free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
-            (block.block_id, block) for block in self.blocks
-        )
+            (block.block_id, block) for block in self.blocks)
         self.cached_blocks: dict[int, KVCacheBlock] = {}
 
-    # ------------------------------------------------------------------ counts
     @property
     def num_free_blocks(self) -> int:
         """Blocks with ref_cnt 0, whether or not they still hold a cached prefix."""
@@ -202,22 +192,15 @@ class BlockPool:
         """Fraction of blocks in use, from 0.0 to 1.0; cached-free blocks count as free."""
         return self.num_used_blocks / self.num_blocks
 
-    # ------------------------------------------------------------------ allocation
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Take `num_blocks` blocks from the head of the free queue; each comes back with ref_cnt 1.
-
-        A popped block that still held a cached prefix loses it (eviction): its KV is about to
-        be overwritten, so its hash must no longer lead anyone to it.
-        """
+        """`num_blocks` blocks from the head of the free queue, each held once (`take_free_blocks`:
+        a block that held a cached prefix loses it)."""
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         if num_blocks > self.num_free_blocks:
-            raise ValueError(
-                f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} of "
-                f"{self.num_blocks} are free (check with num_free_blocks first)"
-            )
-        # Which of the blocks about to be taken hold a prefix: looked at only for an observer.
-        evicted = set()
+            raise ValueError(f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} of "
+                             f"{self.num_blocks} are free (check with num_free_blocks first)")
+        evicted = set()  # (which of the blocks about to be taken hold a prefix: for an observer)
         if self.observer is not None:
             heads = islice(self._free_queue.values(), num_blocks)
             evicted = {block.block_id for block in heads if block.block_hash is not None}
@@ -229,50 +212,34 @@ class BlockPool:
                 self._log("allocated", block)
         return new_blocks
 
-    def _evict(self, block: KVCacheBlock) -> None:
-        del self.cached_blocks[block.block_hash]
-        block.block_hash = None
-        self._log("evicted", block)
-
-    # ------------------------------------------------------------------ prefix cache
     def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
         """The block holding the prefix named by `block_hash`, used or free; None on a miss."""
         return self.cached_blocks.get(block_hash)
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Share `blocks` with one more request (a prefix-cache hit): ref_cnt += 1.
-
-        A hit on a cached-free block takes it back out of the free queue, so it can no longer be
-        evicted. Touching a free block that holds no cached prefix is a bug (its KV is garbage).
-        """
+        """Share `blocks` with one more request (a prefix-cache hit: `share_block`).  Touching a
+        free block that holds no cached prefix is a bug (its KV is garbage)."""
         blocks = list(blocks)
         for block in blocks:
             if block.ref_cnt == 0 and block.block_hash is None:
-                raise ValueError(
-                    f"cannot touch block {block.block_id}: it is free and holds no cached prefix "
-                    f"(was it evicted since get_cached_block returned it?)"
-                )
+                raise ValueError(f"cannot touch block {block.block_id}: it is free and holds no "
+                                 f"cached prefix (evicted since get_cached_block returned it?)")
         for block in blocks:
             share_block(block, self._free_queue)
             self._log("shared", block)
 
     def cache_full_block(self, block: KVCacheBlock, block_hash: int) -> bool:
         """Register a full block under `block_hash`; return whether `block` is now the cached one.
-
-        If another block already holds this hash (two requests computed the same prefix at the
-        same time), the existing entry wins and `block` stays uncached: one hash names one block,
-        and `block` is simply freed like any uncached block later.
-        """
+        If another block holds this hash (two requests computed the same prefix at once), that
+        one stays: one hash names one block, and `block` is freed later like any uncached one."""
         if not self.enable_caching:
             return False
         if block.ref_cnt == 0:
             raise ValueError(f"cannot cache block {block.block_id}: it is free (ref_cnt 0)")
         if block.block_hash is not None:
             if block.block_hash != block_hash:
-                raise ValueError(
-                    f"block {block.block_id} is already cached under another hash "
-                    f"({block.block_hash} != {block_hash})"
-                )
+                raise ValueError(f"block {block.block_id} is already cached under another hash "
+                                 f"({block.block_hash} != {block_hash})")
             return True
         if block_hash in self.cached_blocks:
             return False
@@ -283,41 +250,29 @@ class BlockPool:
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (e.g. after new weights); return how many were dropped.
-
-        Blocks in use keep their data for their owners; they just can no longer be shared.
-        """
+        Blocks in use keep their data for their owners; they can no longer be shared."""
         num_dropped = len(self.cached_blocks)
-        for block in list(self.cached_blocks.values()):
-            self._evict(block)
+        for block in self.cached_blocks.values():
+            block.block_hash = None
+            self._log("evicted", block)
+        self.cached_blocks.clear()
         return num_dropped
 
-    # ------------------------------------------------------------------ freeing
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference to each block; blocks reaching 0 join the tail of the free queue.
-
-        They join in the order given, so the caller chooses which is evicted first
-        (BlockManager passes a block table reversed: tail blocks, the least shared, go first).
-        Freeing a block more times than it is referenced raises, and then nothing changes.
-        """
+        """Drop one reference to each block (`release_blocks`), in the order given: the caller
+        chooses which is evicted first.  A double free raises, and then nothing changes."""
         blocks = list(blocks)
-        # Validate everything first so that a double free leaves the pool untouched.
         num_frees: dict[int, int] = {}
         for block in blocks:
-            num_frees[block.block_id] = num_frees.get(block.block_id, 0) + 1
-            if num_frees[block.block_id] > block.ref_cnt:
-                raise ValueError(
-                    f"double free of block {block.block_id}: ref_cnt is {block.ref_cnt} "
-                    f"but it was freed {num_frees[block.block_id]} time(s)"
-                )
+            num = num_frees[block.block_id] = num_frees.get(block.block_id, 0) + 1
+            if num > block.ref_cnt:
+                raise ValueError(f"double free of block {block.block_id}: ref_cnt is "
+                                 f"{block.ref_cnt} but it was freed {num} time(s)")
         release_blocks(blocks, self._free_queue)
         if self.observer is not None:
-            logged = set()
-            for block in blocks:
-                if block.ref_cnt == 0 and block.block_id not in logged:
-                    logged.add(block.block_id)
-                    self._log("freed", block)
+            for block_id in dict.fromkeys(block.block_id for block in blocks if block.ref_cnt == 0):
+                self.observer(BlockEvent("freed", block_id))
 
-    # ------------------------------------------------------------------ inspection
     def block_state(self, block: KVCacheBlock) -> BlockState:
         if block.ref_cnt > 0:
             return "used"
@@ -330,38 +285,27 @@ class BlockPool:
     def snapshot(self) -> list[dict]:
         """One dict per block (block_id, ref_cnt, block_hash, state), for the memory widget."""
         return [
-            {
-                "block_id": block.block_id,
-                "ref_cnt": block.ref_cnt,
-                "block_hash": block.block_hash,
-                "state": self.block_state(block),
-            }
+            {"block_id": block.block_id, "ref_cnt": block.ref_cnt, "block_hash": block.block_hash,
+             "state": self.block_state(block)}
             for block in self.blocks
         ]
 
     def check_invariants(self) -> None:
-        """Raise AssertionError if an invariant of the class docstring is broken (O(num_blocks)).
-
-        Meant for tests and debugging, e.g. after every scheduler step.
-        """
+        """Raise AssertionError if an invariant of the class docstring is broken (O(num_blocks))."""
         for block in self.blocks:
             assert block.ref_cnt >= 0, f"block {block.block_id} has ref_cnt {block.ref_cnt}"
             in_queue = block.block_id in self._free_queue
             assert in_queue == (block.ref_cnt == 0), (
-                f"block {block.block_id}: ref_cnt {block.ref_cnt} but in free queue: {in_queue}"
-            )
+                f"block {block.block_id}: ref_cnt {block.ref_cnt} but in free queue: {in_queue}")
             if block.block_hash is not None:
                 assert self.cached_blocks.get(block.block_hash) is block, (
-                    f"block {block.block_id} has a hash that does not lead back to it"
-                )
+                    f"block {block.block_id} has a hash that does not lead back to it")
         for block_hash, block in self.cached_blocks.items():
             assert block.block_hash == block_hash, (
-                f"hash {block_hash} maps to block {block.block_id}, which has {block.block_hash}"
-            )
+                f"hash {block_hash} maps to block {block.block_id}, which has {block.block_hash}")
         num_used = sum(1 for block in self.blocks if block.ref_cnt > 0)
         assert num_used + self.num_free_blocks == self.num_blocks, (
-            f"{num_used} used + {self.num_free_blocks} free != {self.num_blocks} blocks"
-        )
+            f"{num_used} used + {self.num_free_blocks} free != {self.num_blocks} blocks")
 
     def _log(self, kind: BlockEventKind, block: KVCacheBlock) -> None:
         if self.observer is not None:

@@ -29,20 +29,14 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     attention_backend: str = "auto"  # "torch" (reference), "cpu", "triton" (kernels); "auto": triton on CUDA, cpu on a CPU
     enforce_eager: bool = False  # True: never capture CUDA graphs (they are used on CUDA with triton)
-    # Keep a StepRecord of every step in engine.trace (widgets and chapters read it).  A record
-    # copies every running request's block table, so long benchmark or serving runs turn it off.
+    # Keep a StepRecord of every step in engine.trace (widgets read it; long runs turn it off).
     record_trace: bool = True
-    # Speculative decoding (vLLM's spelling): {"model": DRAFT, "num_speculative_tokens": K}, with
-    # DRAFT a folder, a hub id or "noodle-apprentice".  Parsed into a SpeculativeConfig; None or
-    # K = 0: no speculation.
+    # Speculative decoding (vLLM's spelling): {"model": DRAFT, "num_speculative_tokens": K}.
     speculative_config: SpeculativeConfig | dict | None = None
-    # Who goes first (vLLM's --scheduling-policy): "fcfs" (arrival order, the default) or
-    # "priority" (each request's priority, lower first, then arrival; see request_queue.py).
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: str = "fcfs"  # or "priority": each request's, lower first (request_queue.py)
     max_logprobs: int = 20  # most top tokens a request may ask logprobs of per position (vLLM's)
     max_n: int = 128  # most samples (n) per prompt
-    # Structured outputs (vLLM's --structured-outputs-config): {"disable_any_whitespace": true}
-    # makes every request's JSON compact.  Parsed into a StructuredOutputsConfig.
+    # Structured outputs (vLLM's --structured-outputs-config): {"disable_any_whitespace": true}.
     structured_outputs_config: StructuredOutputsConfig | dict | None = None
 
     def __post_init__(self) -> None:
@@ -59,19 +53,14 @@ class EngineConfig:
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], "
+                             f"got {self.gpu_memory_utilization}")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "record_trace"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.structured_outputs_config = StructuredOutputsConfig.parse(self.structured_outputs_config)
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
-            raise ValueError(
-                f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}"
-            )
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
-            )
+        for name, allowed in (("scheduling_policy", SCHEDULING_POLICIES),
+                              ("attention_backend", ATTENTION_BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")

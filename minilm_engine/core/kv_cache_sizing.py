@@ -1,12 +1,11 @@
 """How many KV-cache blocks an engine reserves.
 
 Contract: `decide_num_kv_blocks(config, model_config, dtype, device, max_model_len)` returns the
-pool size: what the engine config asks for (`num_kv_blocks`, or a `kv_cache_memory` byte
-budget), else room for `max_num_seqs` requests of `max_model_len` tokens within what the device
-allows (`kv_cache_limit`: 1 GiB on a CPU; on a GPU, what `gpu_memory_utilization` leaves).
-`KVCacheBudget` is the pool's arithmetic (bytes per token per layer -> per token -> per block ->
-blocks -> tokens) and what it implies: `max_context_len(concurrency)`, the longest context each
-of `concurrency` requests can have at once, and the `max_model_len` the engine derives from it.
+pool size: what the engine config asks for (`num_kv_blocks`, or `kv_cache_memory` bytes), else
+room for `max_num_seqs` requests of `max_model_len` tokens within what the device allows (1 GiB
+on a CPU; on a GPU, what `gpu_memory_utilization` leaves).  `KVCacheBudget` is the pool's
+arithmetic, and `max_context_len(concurrency)` the longest context each of `concurrency`
+requests can have at once:
 
     bytes/token/layer = 2 (K and V) x kv heads x head_dim x bytes per element
     bytes/token       = layers x bytes/token/layer  (+ the draft model's, when speculating)
@@ -17,30 +16,18 @@ of `concurrency` requests can have at once, and the `max_model_len` the engine d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
-from minilm_engine.model.config import ModelConfig
+from minilm_engine.core.config import EngineConfig
 from minilm_engine.core.kv_cache_utils import cdiv
-from minilm_engine.model.attention.kv_cache import PagedKVCache
+from minilm_engine.model.config import ModelConfig
 
 CPU_KV_CACHE_LIMIT = 1 << 30  # never reserve more than 1 GiB of KV cache on a CPU by default
 
 
-class KVCacheSizing(Protocol):
-    """The fields of `engine.config.EngineConfig` that size the pool (named here, not imported,
-    so that kv_cache/ does not depend on the engine that uses it)."""
-
-    max_num_seqs: int
-    block_size: int
-    num_kv_blocks: int | None
-    kv_cache_memory: int | None
-    gpu_memory_utilization: float
-
-
 def decide_num_kv_blocks(
-    config: KVCacheSizing,
+    config: EngineConfig,
     model_config: ModelConfig,
     dtype: torch.dtype,
     device: torch.device,
@@ -48,36 +35,26 @@ def decide_num_kv_blocks(
     draft_model_config: ModelConfig | None = None,
 ) -> int:
     """Pool size: as asked (`num_kv_blocks`, or `kv_cache_memory` bytes), else the default below.
-
-    With a draft model (speculative decoding) the draft gets a pool of as many blocks (it holds
-    the same tokens), so one block costs the target's bytes plus the draft's.
-    """
+    A draft model (speculative decoding) gets as many blocks: one block costs both models' bytes.
+    On a GPU the limit is what is free (after the weights) minus the share of the whole card
+    that `gpu_memory_utilization` leaves alone."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    per_block = PagedKVCache.bytes_per_block(model_config, config.block_size, dtype)
-    if draft_model_config is not None:
-        per_block += PagedKVCache.bytes_per_block(draft_model_config, config.block_size, dtype)
+    budget = KVCacheBudget.of(model_config, dtype, config.block_size, 1, draft_model_config)
+    per_block = budget.bytes_per_block
     if config.kv_cache_memory is not None:
         return max(1, config.kv_cache_memory // per_block)
-    return default_num_kv_blocks(config, max_model_len, per_block, kv_cache_limit(config, device))
+    limit = CPU_KV_CACHE_LIMIT
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        limit = int(free - (1 - config.gpu_memory_utilization) * total)
+    return default_num_kv_blocks(config, max_model_len, per_block, limit)
 
 
-def kv_cache_limit(config: KVCacheSizing, device: torch.device) -> int:
-    """Most bytes a default pool may take: 1 GiB on a CPU; on a GPU, what is free (after the
-    weights) minus the share of the whole card that `gpu_memory_utilization` leaves alone."""
-    if device.type != "cuda":
-        return CPU_KV_CACHE_LIMIT
-    free, total = torch.cuda.mem_get_info(device)
-    return int(free - (1 - config.gpu_memory_utilization) * total)
-
-
-def default_num_kv_blocks(config: KVCacheSizing, max_model_len: int, per_block: int, limit: int) -> int:
-    """Room for `max_num_seqs` requests of `max_model_len` tokens, within `limit` bytes.
-
-    Not all the memory there is (vLLM's choice): more blocks than that could only hold prefix
-    cache, and several engines can then share one GPU, as the chapters' side-by-side
-    comparisons do.
-    """
+def default_num_kv_blocks(config: EngineConfig, max_model_len: int, per_block: int,
+                          limit: int) -> int:
+    """Room for `max_num_seqs` requests of `max_model_len` tokens, within `limit` bytes: not all
+    the memory there is (more blocks could only hold prefix cache), so engines can share a GPU."""
     if limit < per_block:
         raise RuntimeError(
             f"no memory left for a KV cache: {limit / 2**20:.0f} MiB allowed, one block needs "
@@ -89,9 +66,8 @@ def default_num_kv_blocks(config: KVCacheSizing, max_model_len: int, per_block: 
 
 
 def max_context_len(num_blocks: int, block_size: int, concurrency: int, max_position_embeddings: int) -> int:
-    """The longest context each of `concurrency` requests can hold at the same time: the pool's
-    blocks shared evenly, whole blocks each (a block holds one request's tokens only), and never
-    more than the architecture's positions."""
+    """The longest context each of `concurrency` requests can hold at once: the pool's blocks
+    shared evenly, whole blocks each, never more than the architecture's positions."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     return min(max_position_embeddings, (num_blocks // concurrency) * block_size)

@@ -1,14 +1,10 @@
 """What a step and a request return.
 
 `generate` returns vLLM's `RequestOutput` / `CompletionOutput` / `Logprob` shapes.  A step's
-plain-data results travel between the worker and the scheduler as `ModelRunnerOutput` (sampled
-ids, `TokenLogprobs`, `PromptLogprobs`), and a draft's proposal as `DraftTokens` (vLLM keeps
-these in `v1/outputs.py` too), so the scheduler never imports the worker.
-
-Logprobs, where asked for, are one dict per position, {token id: Logprob}: the chosen token
-(sampled, or the prompt's own) with its rank, and the top-k tokens with ranks 1..k (one entry
-when the chosen token is among them).  `RequestOutput.prompt_logprobs[0]` is None: nothing
-predicts a prompt's first token.
+results travel from the worker to the scheduler as plain data, `ModelRunnerOutput`, and a
+draft's proposal as `DraftTokens` (vLLM's `v1/outputs.py`), so the scheduler never imports the
+worker.  Logprobs are one dict per position, {token id: Logprob}: the chosen token with its
+rank, then the top-k with ranks 1..k; `prompt_logprobs[0]` is None (nothing predicts it).
 """
 
 from __future__ import annotations
@@ -37,9 +33,7 @@ class RequestMetrics:
     @property
     def ttft(self) -> float | None:
         """Time to first token: arrival -> first output token."""
-        if self.first_token_time is None:
-            return None
-        return self.first_token_time - self.arrival_time
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
 
     @property
     def inter_token_latencies(self) -> list[float]:
@@ -53,9 +47,7 @@ class RequestMetrics:
 
     @property
     def e2e_latency(self) -> float | None:
-        if self.finished_time is None:
-            return None
-        return self.finished_time - self.arrival_time
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
 
 
 @dataclass

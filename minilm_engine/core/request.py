@@ -1,16 +1,10 @@
 """A request's state as it moves through the engine, and the rules that finish it.
 
 Contract: the scheduler calls `request.append_output_token(token_id)` after every sampled token;
-the request then decides by itself whether its ids end it (EOS, a stop token id, `max_tokens`,
-the model's context full) and records `finish_reason` and `stop_reason` the way vLLM does:
-"stop" (stop_reason: the stop token id; None for EOS) or "length".  Nothing here sees a
-tokenizer: `output_text` is written by the output processor (`entrypoints/output_processor.py`),
-which also finds stop strings in it and ends the request with `stop_on_string` (stop_reason: the
-string; token ids keep the token that completed it).  A request that asked for logprobs gets
-them with each token (`append_logprobs`), and its prompt's, chunk by chunk
-(`append_prompt_logprobs`).  A request with structured outputs carries its `grammar`
-(`core/structured_output/`): each appended token advances it, and a terminated grammar stops
-the request as EOS does (finish_reason "stop").
+the request then decides whether its ids end it (EOS, a stop token id, a terminated grammar,
+`max_tokens`, the context full) and records vLLM's `finish_reason` ("stop" or "length") and
+`stop_reason` (the stop token id; None for EOS).  Nothing here sees a tokenizer: the output
+processor writes `output_text` and ends a request on a stop string (`stop_on_string`).
 """
 
 from __future__ import annotations
@@ -43,7 +37,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in _FINISH_REASONS  # the three FINISHED_* states (defined just below)
+        return self in _FINISH_REASONS
 
 
 _FINISH_REASONS = {
@@ -62,38 +56,28 @@ class Request:
     eos_token_ids: tuple[int, ...]
     max_model_len: int
     generator: torch.Generator | None = None
-    # Scheduling rank under scheduling_policy="priority" (vLLM's convention: lower is served
-    # first, 0 the default; the server's batch tier is a large value).  Ignored under "fcfs".
-    priority: int = 0
+    priority: int = 0  # under scheduling_policy="priority": lower is served first (vLLM's)
     output_token_ids: list[int] = field(default_factory=list)
     output_text: str = ""  # written by the output processor; the core only copies it out
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     num_computed_tokens: int = 0  # tokens whose keys/values are in the cache (paged engine)
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
-    # Prefix caching: block size -> chained hashes of this request's first full blocks, computed
-    # once (`BlockManager.get_computed_blocks` extends the list) and shared by the draft's pool.
+    # Prefix caching: block size -> chained hashes of its full blocks, computed once.
     block_hashes: dict[int, list[int]] = field(default_factory=dict, repr=False)
-    # For the output processor: True, output_text follows every token (streaming); False,
-    # decoded once when the request ends (`LLM.generate`), unless stop strings need it.
-    incremental_text: bool = True
+    incremental_text: bool = True  # output_text follows every token (False: decoded at the end)
     index: int = 0  # which of the n samples of its prompt this request is (n > 1)
-    # n > 1: the sample whose prompt KV this one reads from the prefix cache; the scheduler
-    # admits this one only once that one's prompt is computed (`waits_for_prefix`).
+    # n > 1: the sample whose prompt KV this one reads from the prefix cache (`waits_for_prefix`).
     prefix_source: Request | None = field(default=None, repr=False)
     num_cached_tokens: int | None = None  # prefix-cache hit when first scheduled
-    # Logprobs asked for (None: not asked): one {token id: Logprob} per output token, and per
-    # prompt token (the first None: nothing predicts it).
+    # Logprobs, if asked: one {token id: Logprob} per output token, and per prompt token.
     logprobs: list[PositionLogprobs] | None = field(default=None, repr=False)
     cumulative_logprob: float | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = field(default=None, repr=False)
-    # Structured outputs: this request's matcher (None: unconstrained); the sampler masks the
-    # tokens it does not allow, and every appended token advances it.
-    grammar: Grammar | None = field(default=None, repr=False)
+    grammar: Grammar | None = field(default=None, repr=False)  # structured outputs' matcher
 
     def __post_init__(self) -> None:
-        # Prompt and outputs in one list, kept up to date token by token: the engine reads it
-        # every step, and concatenating two long lists each time would cost O(length).
+        # Prompt and outputs in one list, kept up to date token by token (read every step).
         self._all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
         params = self.sampling_params
         if params.logprobs is not None and self.logprobs is None:
@@ -160,14 +144,29 @@ class Request:
 
     def append_output_token(self, token_id: int) -> None:
         """Record a sampled token, then check whether its id ends the request."""
-        self._add_token(token_id)
-        self._check_stop()
+        now = time.perf_counter()
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = now
+        self.metrics.token_times.append(now)
+        self.output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
+        if self.grammar is not None and not self.grammar.accept_token(token_id):
+            # The sampler allowed only what the grammar allows: this is an engine bug.
+            raise RuntimeError(f"request {self.request_id!r}: its grammar refuses token {token_id}")
+        if self.is_stop_token(token_id):
+            # vLLM's stop_reason: the stop token id, or None when EOS ended it.
+            is_eos = token_id not in self.sampling_params.stop_token_ids
+            self.status = RequestStatus.FINISHED_STOPPED
+            self.stop_reason = None if is_eos else token_id
+        elif self.grammar is not None and self.grammar.is_terminated:  # (with ignore_eos)
+            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, None
+        elif len(self.output_token_ids) >= self.max_new_tokens:
+            self.status = RequestStatus.FINISHED_LENGTH
         self._stamp_finish()
 
     def stop_on_string(self, stop: str, num_output_tokens: int) -> None:
         """The output processor found `stop` in the text of the first `num_output_tokens` output
-        tokens: the request ends there, and tokens after them (drafts accepted in the same
-        step) are dropped."""
+        tokens: the request ends there (later tokens, accepted drafts, are dropped)."""
         del self.output_token_ids[num_output_tokens:]
         del self._all_token_ids[self.num_prompt_tokens + num_output_tokens :]
         del self.metrics.token_times[num_output_tokens:]
@@ -179,52 +178,18 @@ class Request:
         if self.finished:
             self.metrics.finished_time = self.metrics.token_times[-1]
 
-    def _add_token(self, token_id: int) -> None:
-        now = time.perf_counter()
-        if self.metrics.first_token_time is None:
-            self.metrics.first_token_time = now
-        self.metrics.token_times.append(now)
-        self.output_token_ids.append(token_id)
-        self._all_token_ids.append(token_id)
-        if self.grammar is not None and not self.grammar.accept_token(token_id):
-            # The sampler allowed only what the grammar allows: this is an engine bug.
-            raise RuntimeError(f"request {self.request_id!r}: token {token_id} is not allowed by its grammar")
-
     def is_stop_token(self, token_id: int) -> bool:
         """Whether this token would end the request (a stop token id, or EOS unless ignored)."""
         params = self.sampling_params
-        return token_id in params.stop_token_ids or (
-            not params.ignore_eos and token_id in self.eos_token_ids
-        )
-
-    def _check_stop(self) -> None:
-        params, token = self.sampling_params, self.output_token_ids[-1]
-        if self.is_stop_token(token):
-            # vLLM's stop_reason: the stop token id, or None when EOS ended it.
-            is_eos = token not in params.stop_token_ids
-            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, None if is_eos else token
-            return
-        if self.grammar is not None and self.grammar.is_terminated:  # (with ignore_eos)
-            self.status, self.stop_reason = RequestStatus.FINISHED_STOPPED, None
-            return
-        if len(self.output_token_ids) >= self.max_new_tokens:
-            self.status = RequestStatus.FINISHED_LENGTH
+        is_eos = not params.ignore_eos and token_id in self.eos_token_ids
+        return is_eos or token_id in params.stop_token_ids
 
     def abort(self) -> None:
         self.status = RequestStatus.FINISHED_ABORTED
         self.metrics.finished_time = time.perf_counter()
 
     def to_output(self) -> RequestOutput:
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt=self.prompt,
-            prompt_token_ids=self.prompt_token_ids,  # never changes: shared, not copied each step
-            outputs=[self.completion()],
-            finished=self.finished,
-            metrics=self.metrics,
-            prompt_logprobs=self.prompt_logprobs,
-            num_cached_tokens=self.num_cached_tokens or 0,
-        )
+        return merge_samples([self], self.request_id)
 
     def completion(self) -> CompletionOutput:
         return CompletionOutput(
@@ -241,7 +206,7 @@ class Request:
 def merge_samples(samples: list[Request], request_id: str) -> RequestOutput:
     """The n samples of one prompt -> one RequestOutput, outputs indexed 0..n-1 (vLLM's shape).
     Prompt logprobs come from sample 0 (the only one that computes them); num_cached_tokens
-    adds up the samples' prefix-cache hits (samples 1..n-1 read sample 0's prompt blocks)."""
+    adds up the samples' prefix-cache hits."""
     first = samples[0]
     return RequestOutput(
         request_id=request_id,

@@ -1,23 +1,14 @@
 """Who goes first: the scheduling policy, as vLLM names it (`--scheduling-policy fcfs|priority`).
 
-Contract: a `RequestOrder` ranks requests for one scheduler.  Every request gets a rank when it
-arrives, `(priority, arrival)`, lower first (vLLM's convention: priority 0 is the default, a
-smaller number is served earlier, negative numbers are allowed).  The policy decides what the
-rank is used for:
+Contract: a `RequestOrder` ranks requests for one scheduler: `(priority, arrival)` from when it
+arrives, lower first (vLLM's convention: 0 is the default, negative numbers are allowed):
 
     fcfs       the rank is ignored: running requests in the order they were admitted, then the
                waiting queue oldest first; a preempted request goes back to the queue's front
-               (the engine's behaviour before tiers, unchanged)
-    priority   both lists are kept sorted by rank, and one step hands out its token budget down
-               the ranks across them: a waiting interactive request (priority 0) is admitted
-               before a running batch request (a large priority) gets its tokens; the
-               request preempted when the pool is full is the last in rank (vLLM's rule:
-               the largest (priority, arrival)); and when every seat (max_num_seqs) is
-               taken, the last-ranked running request gives its seat to a waiting request
-               that outranks it (vLLM v0's priority preemption), to be recomputed later
-
-`place(queue, request)` puts a request where the policy wants it: at the end (fcfs), or at its
-rank (priority); `requeue` puts a preempted one back.
+    priority   both lists are kept sorted by rank and the step walks them merged
+               (`schedule_step.py`): interactive work (priority 0) before batch work (a large
+               priority), the last in rank preempted first, and a full batch gives its
+               last-ranked seat to a waiting request that outranks it (vLLM v0's rule)
 """
 
 from __future__ import annotations
@@ -56,13 +47,8 @@ class RequestOrder:
         """(priority, arrival number): the order requests are served in under "priority"."""
         return self._ranks[request.request_id]
 
-    def goes_before(self, a: Request, b: Request) -> bool:
-        """Whether `a` takes its share of a step before `b` does (never, under fcfs: running
-        requests always go before waiting ones)."""
-        return self.by_priority and self.rank(a) < self.rank(b)
-
     def place(self, queue: MutableSequence[Request], request: Request) -> None:
-        """Add a request to the running list or the waiting queue."""
+        """Add a request to the running list or the waiting queue: at the end, or at its rank."""
         if self.by_priority:
             bisect.insort(queue, request, key=self.rank)
         else:

@@ -1,25 +1,18 @@
 """How to pick each next token, per request: the same fields and defaults as vLLM's SamplingParams.
 
-Contract: a `SamplingParams` that constructs is valid; anything else raises `ValueError` or
-`TypeError` saying what is allowed.  `temperature=0` means greedy (argmax), and then top-p,
-top-k, min-p and seed do not matter.  The ranges are vLLM's:
-
-    n >= 1                      independent samples of one prompt (the engine caps it: max_n)
-    presence_penalty, frequency_penalty in [-2, 2]      (OpenAI's, over the output tokens)
-    repetition_penalty > 0      1 = off (over prompt and output tokens, as transformers')
-    min_p in [0, 1]             min_tokens >= 0 (and <= max_tokens)
-    logprobs, prompt_logprobs   None or >= 0 top tokens (the engine caps them: max_logprobs, 20)
-    logit_bias                  {token id: bias}, biases in [-100, 100] (OpenAI's range)
-    structured_outputs          None or a `StructuredOutputsParams` with exactly one of json,
-                                json_object, regex, choice, grammar (checked by the grammar
-                                library at construction: `core/structured_output/`)
+Contract: a `SamplingParams` that constructs is valid (vLLM's ranges, one `_check` per field
+in `__post_init__`); anything else raises `ValueError` or `TypeError` saying what is allowed.
+`temperature=0` means greedy (argmax), and then top-p, top-k, min-p and seed do not matter.
+The engine caps `n` (max_n) and the logprobs (max_logprobs); presence and frequency penalties
+are OpenAI's (over the output tokens), the repetition penalty transformers' (prompt and output).
 """
 
 from __future__ import annotations
 
-import json as _json  # `json` is a field of StructuredOutputsParams
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 
 @dataclass
@@ -32,8 +25,7 @@ class StructuredOutputsParams:
         choice       the output is exactly one of these strings
         grammar      an EBNF grammar in xgrammar's dialect (`root ::= "a" | "b"`)
 
-    `disable_any_whitespace` (JSON only): no whitespace between JSON tokens, where vLLM's default
-    allows any (a small model may otherwise fill its tokens with spaces)."""
+    `disable_any_whitespace` (JSON only): no whitespace between JSON tokens (vLLM allows any)."""
 
     json: dict | str | None = None
     json_object: bool | None = None
@@ -48,12 +40,8 @@ class StructuredOutputsParams:
             raise ValueError(f"structured_outputs needs exactly one of {', '.join(_GRAMMAR_FIELDS)}, "
                              f"got {', '.join(given) if given else 'none'}")
         if self.json is not None and not isinstance(self.json, (dict, str)):
-            raise TypeError(f"structured_outputs.json must be a JSON schema (a dict or its JSON text), got {self.json!r}")
-        if isinstance(self.json, str):
-            try:
-                _json.loads(self.json)
-            except ValueError as e:
-                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+            raise TypeError(f"structured_outputs.json must be a JSON schema (a dict or its JSON "
+                            f"text), got {self.json!r}")
         if self.json_object not in (None, True, False):
             raise TypeError(f"structured_outputs.json_object must be true, got {self.json_object!r}")
         for name in ("regex", "grammar"):
@@ -64,10 +52,10 @@ class StructuredOutputsParams:
             if not isinstance(self.choice, (list, tuple)) or not self.choice or not all(
                 isinstance(c, str) for c in self.choice
             ):
-                raise TypeError(f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}")
+                raise TypeError(f"structured_outputs.choice must be a non-empty list of strings, "
+                                f"got {self.choice!r}")
             self.choice = list(self.choice)
-        if not isinstance(self.disable_any_whitespace, bool):
-            raise TypeError(f"structured_outputs.disable_any_whitespace must be a bool, got {self.disable_any_whitespace!r}")
+        _check("structured_outputs.disable_any_whitespace", self.disable_any_whitespace, bool)
         # Last: can the grammar library follow it? (ValueError naming the field if not.)
         from minilm_engine.core.structured_output.grammar_spec import GrammarSpec, to_xgrammar
 
@@ -101,115 +89,76 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None  # None: any tokens
-    # filled in by __post_init__: stop strings as a list
     _stop_list: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        _check_number("temperature", self.temperature)
-        if not self.temperature >= 0:  # written this way so that NaN is rejected too
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        _check_number("top_p", self.top_p)
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        _check_int("top_k", self.top_k)
-        if self.top_k == -1:
-            self.top_k = 0
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be 0 or -1 (disabled) or a positive int, got {self.top_k}")
+        # (Each test is written so that NaN fails it.)
+        _check("temperature", self.temperature, float, lambda v: v >= 0, ">= 0 (0 = greedy)")
+        _check("top_p", self.top_p, float, lambda v: 0 < v <= 1, "in (0, 1]")
+        _check("top_k", self.top_k, int, lambda v: v >= -1, "0 or -1 (disabled) or a positive int")
+        self.top_k = max(self.top_k, 0)
         if self.max_tokens is not None:
-            _check_int("max_tokens", self.max_tokens)
-            if self.max_tokens < 1:
-                raise ValueError(f"max_tokens must be >= 1 or None, got {self.max_tokens}")
+            _check("max_tokens", self.max_tokens, int, lambda v: v >= 1, ">= 1 or None")
         if self.seed is not None:
-            _check_int("seed", self.seed)
-        if self.stop is None:
-            self._stop_list = []
-        elif isinstance(self.stop, str):
-            self._stop_list = [self.stop]
+            _check("seed", self.seed, int)
+        if self.stop is None or isinstance(self.stop, str):
+            self._stop_list = [] if self.stop is None else [self.stop]
         elif isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop):
             self._stop_list = list(self.stop)
         else:
             raise TypeError(f"stop must be a string or a list of strings, got {self.stop!r}")
-        if any(s == "" for s in self._stop_list):
+        if "" in self._stop_list:
             raise ValueError("stop strings must not be empty")
-        if self.stop_token_ids is None:
-            self.stop_token_ids = []
+        self.stop_token_ids = [] if self.stop_token_ids is None else self.stop_token_ids
         if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+            _is_int(t) and t >= 0 for t in self.stop_token_ids
         ):
-            raise TypeError(
-                f"stop_token_ids must be a list of non-negative ints, got {self.stop_token_ids!r}"
-            )
+            raise TypeError(f"stop_token_ids must be a list of non-negative ints, "
+                            f"got {self.stop_token_ids!r}")
         self.stop_token_ids = list(self.stop_token_ids)
-        for name in ("ignore_eos", "include_stop_str_in_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        self._check_extensions()
-
-    def _check_extensions(self) -> None:
-        """The fields beyond temperature / top-p / top-k, in vLLM's ranges."""
-        _check_int("n", self.n)
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
+        _check("ignore_eos", self.ignore_eos, bool)
+        _check("include_stop_str_in_output", self.include_stop_str_in_output, bool)
+        _check("n", self.n, int, lambda v: v >= 1, ">= 1")
         for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            _check_number(name, value)
-            if not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}")
-        _check_number("repetition_penalty", self.repetition_penalty)
-        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
-        _check_number("min_p", self.min_p)
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        _check_int("min_tokens", self.min_tokens)
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
-            )
+            _check(name, getattr(self, name), float, lambda v: -2 <= v <= 2, "in [-2, 2]")
+        _check("repetition_penalty", self.repetition_penalty, float, lambda v: 0 < v < math.inf,
+               "> 0 (1 = off)")
+        _check("min_p", self.min_p, float, lambda v: 0 <= v <= 1, "in [0, 1]")
+        _check("min_tokens", self.min_tokens, int, lambda v: v >= 0, ">= 0")
+        if self.max_tokens is not None:
+            _check("min_tokens", self.min_tokens, int, lambda v: v <= self.max_tokens,
+                   f"<= max_tokens ({self.max_tokens})")
         for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None:
-                _check_int(name, value)
-                if value < 0:
-                    raise ValueError(f"{name} must be None or >= 0 (top tokens per position), got {value}")
+            if getattr(self, name) is not None:
+                _check(name, getattr(self, name), int, lambda v: v >= 0,
+                       "None or >= 0 (top tokens per position)")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
-                raise TypeError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+                raise TypeError(f"logit_bias must be a dict of token id -> bias, "
+                                f"got {self.logit_bias!r}")
             for token, bias in self.logit_bias.items():
-                if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                if not _is_int(token) or token < 0:
                     raise TypeError(f"logit_bias keys must be non-negative token ids, got {token!r}")
-                _check_number(f"logit_bias[{token}]", bias)
-                if not -100.0 <= bias <= 100.0:
-                    raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
+                _check("logit_bias values", bias, float, lambda v: abs(v) <= 100, "in [-100, 100]")
             self.logit_bias = dict(self.logit_bias)
-        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
-            raise TypeError(f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r}")
+        structured = self.structured_outputs
+        if structured is not None and not isinstance(structured, StructuredOutputsParams):
+            raise TypeError(f"structured_outputs must be a StructuredOutputsParams, "
+                            f"got {structured!r}")
 
     @property
     def needs_processing(self) -> bool:
         """Whether any logits processor (penalties, bias, min-tokens) changes this row's logits."""
-        return (
-            self.presence_penalty != 0
-            or self.frequency_penalty != 0
-            or self.repetition_penalty != 1
-            or bool(self.logit_bias)
-            or self.min_tokens > 0
-        )
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+                    or self.logit_bias or self.min_tokens > 0)
 
     def for_sample(self, index: int) -> SamplingParams:
-        """The params of sample `index` of an n > 1 request: n = 1, and a seed of seed + index
-        (vLLM's rule), so sample i of a seeded request is reproducible on its own.  Prompt
-        logprobs are asked of sample 0 only: the others then read the prompt's KV from the
-        prefix cache (a request that wants prompt logprobs must compute every prompt position)."""
-        return replace(
-            self,
-            n=1,
-            seed=None if self.seed is None else self.seed + index,
-            prompt_logprobs=self.prompt_logprobs if index == 0 else None,
-        )
+        """The params of sample `index` of an n > 1 request: n = 1, seed + index (vLLM's rule:
+        each sample reproducible on its own), prompt logprobs for sample 0 only (the others
+        then read the prompt's KV from the prefix cache)."""
+        seed = None if self.seed is None else self.seed + index
+        prompt_logprobs = self.prompt_logprobs if index == 0 else None
+        return replace(self, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
 
     @property
     def greedy(self) -> bool:
@@ -220,11 +169,18 @@ class SamplingParams:
         return self._stop_list
 
 
-def _check_number(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
+def _check(name: str, value: object, kind: type, ok: Callable[[Any], bool] = lambda v: True,
+           allowed: str = "") -> None:
+    """TypeError unless `value` is a `kind` (bool, int, or float: any number but a bool);
+    ValueError unless `ok(value)`, saying what is `allowed`."""
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    elif not (_is_int(value) or kind is float and isinstance(value, float)):
+        raise TypeError(f"{name} must be {'an int' if kind is int else 'a number'}, got {value!r}")
+    if not ok(value):
+        raise ValueError(f"{name} must be {allowed}, got {value}")

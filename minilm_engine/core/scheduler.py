@@ -4,25 +4,11 @@ Contract: `schedule()` picks work for one step under two limits, `max_num_batche
 (tokens computed this step) and `max_num_seqs` (requests in the batch).  There is no "prefill
 phase" or "decode phase": each request simply has tokens whose keys/values are not computed yet
 (`num_tokens - num_computed_tokens`: the whole prompt at first, one token per step later), and
-all requests draw on the same budget (vLLM v1's scheduler):
-
-    1. running requests first, in arrival order; a prompt too long for what is left of the
-       budget is cut into a chunk (chunked prefill);
-    2. if the pool runs out of blocks, the most recently arrived running request is preempted:
-       its blocks are freed and it goes back to the front of the queue, to be recomputed later
-       (so nothing is lost and the oldest requests always make progress);
-    3. then waiting requests, oldest first, reusing cached prefix blocks where they can; whether
-       the queue's head starts is one decision, `admits` (a seat, budget, blocks, no preemption).
-
-That is the "fcfs" policy (the default), decided as plain data by `schedule_step.py`'s
-`schedule_step(step, pool) -> StepPlan`, which the scheduler calls every step and carries out
-(`_StepPool`: allocations, admissions and preemptions as they are asked for, then the plan
-checked against them).  Under `scheduling_policy="priority"` (service tiers,
-`request_queue.py`) both lists are kept in rank order, (priority, arrival), and the step walks
-them merged by rank: a waiting request that outranks a running one is admitted before the
-running one gets its tokens, so batch work (a large priority) gets what interactive work leaves
-of the budget; the request preempted in 2 is the last in rank, batch before interactive; and in
-3 a full batch gives its last-ranked seat to a waiting request that outranks it.
+all requests draw on the same budget (vLLM v1's scheduler).  The step is decided as plain data
+by `schedule_step.py` (running requests first, a victim preempted when blocks run out, then the
+waiting queue in order); `_StepPool` carries out each allocation, admission and preemption as
+it is asked for, then checks the returned plan against them.  The policy, "fcfs" or
+"priority", is `request_queue.py`'s.
 
 Data flows one way through an engine step, and the scheduler owns both ends of it:
 
@@ -30,42 +16,26 @@ Data flows one way through an engine step, and the scheduler owns both ends of i
                                                                            │ tokens per request
     release (engine: finish(), the draft's blocks) <── update_from_output(out, sampled) <┘
 
-`update_from_output()` appends each request's sampled tokens (stopping at EOS or a stop token
-id: the scheduler sees ids only, stop strings are the output processor's), sets its
-computed-token count (rolling rejected drafts back) and returns the requests that advanced and
-those that finished; the engine then runs the output processor (which may end more of them, on
-a stop string) and calls `finish()` for every finished one.
-
 The output also carries what changed in the block tables, so the runner keeps its own copy
-(`worker/block_table.py` `BlockTable`) without asking the block manager: per scheduled request
-the blocks it already has and the new ones after them, and the requests whose tables were
-released since the last step (`freed_request_ids`).
+(`worker/block_table.py`) without asking the block manager: per scheduled request the blocks it
+already has and the new ones after them, and the tables released since the last step.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
-
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from minilm_engine.core.kv_cache_manager import BlockManager
-from minilm_engine.core.schedule_step import (
-    AdmissionState,
-    StepInputs,
-    StepPlan,
-    StepPlanError,
-    StepRequest,
-    admits,
-    num_tokens_this_step,
-    preemption_victim,
-    schedule_step,
-)
-from minilm_engine.core.request import Request, RequestStatus
-from minilm_engine.core.outputs import DraftTokens
 from minilm_engine.core.config import EngineConfig
+from minilm_engine.core.kv_cache_manager import BlockManager
+from minilm_engine.core.outputs import DraftTokens
+from minilm_engine.core.request import Request, RequestStatus
 from minilm_engine.core.request_queue import RequestOrder
+from minilm_engine.core.schedule_step import (
+    StepInputs, StepPlan, StepPlanError, StepRequest, schedule_step,
+)
 
 if TYPE_CHECKING:
     from minilm_engine.core.outputs import ModelRunnerOutput
@@ -73,11 +43,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ScheduledRequest:
-    """One request's share of a step, decided by `schedule()` and fixed from then on.
-
-    The kind of step is stored, not read later from the request: `update_from_output` moves
-    the request on, and a property computed from live state would then answer differently.
-    """
+    """One request's share of a step, decided by `schedule()` and fixed from then on (not read
+    later from the request, which `update_from_output` moves on)."""
 
     request: Request
     num_computed_tokens: int  # tokens already in the cache: this step computes the ones after
@@ -86,12 +53,9 @@ class ScheduledRequest:
     # Decode = computing the one token sampled last step; anything else fills the cache
     # (a prompt, a chunk of one, or a preempted request's recompute).
     is_prefill: bool
-    # After this step every known token is computed, so the step samples a new token (a
-    # chunk of a prompt does not).
-    samples_token: bool
-    # What changed in the request's block table since the runner last saw it: its first
-    # `num_kept_blocks` blocks stay, `new_block_ids` follow (a request's first step, or its
-    # first since it was resumed or moved here, sends the whole table: 0 kept).
+    samples_token: bool  # every known token is computed after this step (not a prompt chunk)
+    # The request's block table as the runner must update it: its first `num_kept_blocks`
+    # blocks stay, `new_block_ids` follow (0 kept: the runner has not seen the table).
     num_kept_blocks: int
     new_block_ids: list[int]
     # Speculative decoding: the drafts verified this step after the request's last token, ids
@@ -116,11 +80,8 @@ def schedule_request(
     draft: DraftTokens | None = None,
     block_update: tuple[int, list[int]] = (0, []),
 ) -> ScheduledRequest:
-    """Decide what computing `num_new_tokens` of `request` is, from where it stands now.
-
-    Tokens past the request's own are its drafts (speculative decoding): as many of `draft`'s
-    as fit.  `block_update`: (num_kept_blocks, new_block_ids) of its block table.
-    """
+    """What computing `num_new_tokens` of `request` is, from where it stands now.  Tokens past
+    its own are drafts (as many of `draft`'s as fit); `block_update`: (kept, new block ids)."""
     num_computed, num_tokens = request.num_computed_tokens, request.num_tokens
     num_spec = max(0, num_computed + num_new_tokens - num_tokens)
     verified = draft.truncate(num_spec) if draft is not None and num_spec > 0 else None
@@ -176,9 +137,8 @@ class Scheduler:
         self.order = RequestOrder(config.scheduling_policy)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        # What the model runner's block tables must still hear about (`SchedulerOutput`):
-        # tables released since the last step that ran, and running requests whose table the
-        # runner has never seen (added with their KV computed: `add_running`).
+        # What the runner's block tables must still hear about: tables released since the last
+        # step that ran, and running requests whose table it has never seen (`add_running`).
         self._freed_request_ids: list[str] = []
         self._unsent_tables: set[str] = set()
         # Totals since start, read by the server's /metrics (vLLM's names, without "vllm:").
@@ -197,22 +157,6 @@ class Scheduler:
         """`drafts[request_id]`: what the draft proposed for a decoding running request."""
         drafts = drafts or {}
         out = SchedulerOutput()
-        if self.order.by_priority:
-            self._schedule_by_rank(drafts, out)
-        else:
-            self._schedule_step(drafts, out)
-        if out.scheduled:  # (an empty step runs nothing: the next one carries them)
-            out.freed_request_ids, self._freed_request_ids = self._freed_request_ids, []
-        return out
-
-    def _schedule_step(self, drafts: Mapping[str, DraftTokens], out: SchedulerOutput) -> None:
-        """fcfs: `schedule_step` decides from plain data; `_StepPool` carries out each
-        allocation, admission and preemption as it is asked for, then checks the plan."""
-        running = [
-            StepRequest(r.request_id, r.num_tokens - r.num_computed_tokens,
-                        len(drafts[r.request_id]) if r.request_id in drafts else 0)
-            for r in self.running
-        ]
         # The queue's first requests: as many as could take a seat, and one more (so a step that
         # ignores the seats shows it); it ends before a request that waits for its sibling's prompt.
         considered: list[Request] = []
@@ -223,152 +167,23 @@ class Scheduler:
                 break  # n > 1: its sibling's prompt blocks are about to be cached
             considered.append(request)
         step = StepInputs(
-            running=running,
-            waiting=[StepRequest(r.request_id, r.num_tokens) for r in considered],
+            running=[self._step_request(r, drafts.get(r.request_id)) for r in self.running],
+            waiting=[self._step_request(r) for r in considered],
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_num_seqs=self.config.max_num_seqs,
             enable_chunked_prefill=self.config.enable_chunked_prefill,
         )
         pool = _StepPool(self, {r.request_id: r for r in considered}, drafts, out)
         pool.check(schedule_step(step, pool), step)
+        if out.scheduled:  # (an empty step runs nothing: the next one carries them)
+            out.freed_request_ids, self._freed_request_ids = self._freed_request_ids, []
+        return out
 
-    def _schedule_by_rank(self, drafts: Mapping[str, DraftTokens], out: SchedulerOutput) -> None:
-        """priority: the running list and the queue walked merged by rank (module docstring)."""
-        budget = self.config.max_num_batched_tokens
-        i = 0  # running[:i] have had their turn this step
-        admitting = True  # False once the queue's head could not start: the queue waits
-        while budget > 0:
-            request = self.running[i] if i < len(self.running) else None
-            head = self.waiting[0] if admitting and self.waiting else None
-            # Whoever ranks first: a waiting request may go before a running one.
-            if head is not None and (request is None or self.order.goes_before(head, request)):
-                # (A seat may be taken only from a request that has not had its turn yet.)
-                num_new = self._admit(head, budget, out, may_take_a_seat=request is not None)  # 3.
-                if num_new is None:
-                    admitting = False  # no seat or no memory for it; running requests go on
-                    continue
-                budget -= num_new
-                i += 1  # it joined running at index i: after those served, before the rest
-            elif request is not None:
-                budget -= self._schedule_running(request, budget, drafts.get(request.request_id), out)
-                if i < len(self.running) and self.running[i] is request:
-                    i += 1  # (else it preempted itself: it was the last, and now waits)
-            else:
-                break
-
-    def _lookup_prefix(self, request: Request) -> tuple[list, int]:
-        """A waiting request's prefix hit: (cached blocks, tokens they hold)."""
-        hit = self.block_manager.get_computed_blocks(
-            request.all_token_ids, request.block_hashes.setdefault(self.block_manager.block_size, [])
-        )
-        if request.skip_reading_prefix_cache:  # prompt logprobs: every position is computed
-            return [], 0
-        return hit
-
-    def _block_update(self, request_id: str, num_held_blocks: int) -> tuple[int, list[int]]:
-        """(num_kept_blocks, new_block_ids) of a table that held `num_held_blocks` before this
-        step's allocation (the runner holds those, unless it never saw the table)."""
-        if self._unsent_tables and request_id in self._unsent_tables:
-            self._unsent_tables.discard(request_id)
-            num_held_blocks = 0
-        return num_held_blocks, self.block_manager.get_block_table(request_id, start=num_held_blocks)
-
-    def _schedule_running(
-        self, request: Request, budget: int, draft: DraftTokens | None, out: SchedulerOutput
-    ) -> int:
-        """1. A running request's tokens this step (0: nothing to compute, or it was preempted)."""
-        num_computed = request.num_computed_tokens
-        num_new = self._num_tokens_to_compute(
-            request.num_tokens, num_computed, budget, len(draft) if draft is not None else 0
-        )
-        if num_new == 0:
-            return 0
-        # 2. Make room: preempt from the back (newest, or last in rank) until this request fits.
-        num_held_blocks = self.block_manager.num_held_blocks(request.request_id)
-        while True:
-            if self.block_manager.allocate_slots(request.request_id, num_computed, num_new):
-                blocks = self._block_update(request.request_id, num_held_blocks)
-                out.scheduled.append(schedule_request(request, num_new, draft=draft, block_update=blocks))
-                return num_new
-            # Candidates: this request and those after it (the ones before have their tokens).
-            victim = preemption_victim(self.running[self.running.index(request) :])
-            self.running.remove(victim)
-            self._preempt(victim)
-            out.preempted.append(victim)
-            if victim is request:
-                return 0  # it was the last itself: it waits
-
-    def _admit(self, request: Request, budget: int, out: SchedulerOutput, may_take_a_seat: bool = False) -> int | None:
-        """3. Start the waiting `request` with as many tokens as fit; None if it cannot start
-        (no seat, no memory, or memory was short this step: admitting more would only thrash).
-
-        Under priority, a full batch gives up its last-ranked request's seat to a request that
-        outranks it (as vLLM v0's priority scheduler did): an interactive request does not wait
-        for a batch one to finish, and the batch request is recomputed later."""
-        num_preempted = len(out.preempted)  # before a seat is taken below
-        if request.waits_for_prefix and self.block_manager.enable_prefix_caching:
-            return None  # n > 1: its sibling's prompt blocks are about to be cached
-        num_seqs = self.config.max_num_seqs
-        if not num_preempted and len(self.running) >= num_seqs and may_take_a_seat \
-                and self.order.goes_before(request, self.running[-1]):
-            victim = self.running.pop()
-            self._preempt(victim)
-            out.preempted.append(victim)
-        computed_blocks, num_cached = self._lookup_prefix(request)
-        num_new = self._num_tokens_to_compute(request.num_tokens, num_cached, budget)
-        manager = self.block_manager
-        state = AdmissionState(
-            num_running=len(self.running),
-            max_num_seqs=num_seqs,
-            num_new_tokens=num_new,
-            num_new_blocks=manager.num_blocks_to_allocate(request.request_id, num_cached, num_new, computed_blocks),
-            num_free_blocks=manager.num_free_blocks_beside(computed_blocks),
-            num_preempted=num_preempted,
-        )
-        if not admits(state):  # the decision; what follows carries it out
-            return None
-        if num_new == 0:
-            raise RuntimeError(f"request {request.request_id!r} was admitted with no tokens to compute: {state}")
-        if not self._start(request, num_cached, num_new, computed_blocks, out):
-            raise RuntimeError(f"request {request.request_id!r} was admitted but the pool cannot hold it: {state}")
-        return num_new
-
-    def _start(self, request: Request, num_cached: int, num_new: int, computed_blocks: list, out: SchedulerOutput) -> bool:
-        """The queue's head starts with its prefix hit and `num_new` tokens; False (nothing
-        changed) if the pool cannot hold them."""
-        if not self.block_manager.allocate_slots(request.request_id, num_cached, num_new, computed_blocks):
-            return False
-        self.waiting.popleft()  # `request` is the queue's head
-        self.order.place(self.running, request)
-        self.num_prefix_cache_queries += request.num_tokens
-        self.num_prefix_cache_hits += num_cached
-        request.status = RequestStatus.RUNNING
-        request.num_computed_tokens = num_cached  # the prefix hit is in the cache already
-        if request.num_cached_tokens is None:
-            request.num_cached_tokens = num_cached
-        out.scheduled.append(
-            schedule_request(request, num_new, num_cached, block_update=self._block_update(request.request_id, 0))
-        )
-        return True
-
-    def _num_tokens_to_compute(
-        self, num_tokens: int, num_computed_tokens: int, budget: int, num_spec_tokens: int = 0
-    ) -> int:
-        remaining = num_tokens - num_computed_tokens
-        if remaining == 1 and num_spec_tokens:
-            # A decode with drafts: as many of them as the budget leaves room for.
-            return min(1 + num_spec_tokens, budget)
-        max_num_batched = self.config.max_num_batched_tokens
-        return num_tokens_this_step(
-            remaining, max_num_batched - budget, max_num_batched, self.config.enable_chunked_prefill
-        )
-
-    def _preempt(self, request: Request) -> None:
-        self.num_preemptions += 1
-        self._release_table(request.request_id)
-        request.num_computed_tokens = 0
-        request.status = RequestStatus.PREEMPTED
-        self.order.requeue(self.waiting, request)
+    def _step_request(self, request: Request, draft: DraftTokens | None = None) -> StepRequest:
+        num_remaining = request.num_tokens - request.num_computed_tokens
+        num_spec = 0 if draft is None else len(draft)
+        rank = self.order.rank(request) if self.order.by_priority else None
+        return StepRequest(request.request_id, num_remaining, num_spec, rank)
 
     def update_from_output(
         self,
@@ -378,14 +193,11 @@ class Scheduler:
     ) -> StepUpdate:
         """The step ran: append its tokens, and its keys/values are in the cache.
 
-        `sampled[i]`: the tokens scheduled request i got (none for a prompt chunk; one; or, with
-        drafts, the accepted ones and one more).  They are appended in order until the request
-        finishes by its ids (tokens after EOS or a stop id are dropped, accepted or not; stop
-        strings are the output processor's, which the engine runs next).  Drafts not appended were
-        computed for nothing: the computed count falls back before them and blocks past it are
-        freed.  Then full blocks join the prefix cache.  `sampled=None`: no tokens this step
-        (tests of the scheduler alone append their own).  `logprobs`: the runner's output, whose
-        logprobs (sampled tokens', prompt chunks') go to the requests that asked.
+        `sampled[i]`: the tokens scheduled request i got (none for a prompt chunk; one; or the
+        accepted drafts and one more), appended until the request finishes by its ids.  Drafts
+        not appended were computed for nothing: the computed count falls back before them and
+        blocks past it are freed.  Then full blocks join the prefix cache.  `sampled=None`: no
+        tokens (tests of the scheduler alone).  `logprobs`: the runner's output, if any asked.
         """
         update = StepUpdate()
         for i, s in enumerate(out.scheduled):
@@ -427,27 +239,21 @@ class Scheduler:
         self._freed_request_ids.append(request_id)
         self._unsent_tables.discard(request_id)
 
-    # -- KV transfer (distributed/kv_transfer/): requests that move between engines ----------
+    # -- KV transfer (distributed/kv_transfer/): requests that move between engines
 
     def detach(self, request: Request) -> None:
-        """Stop scheduling a running request without freeing its blocks.
-
-        A KV producer (disaggregated prefill) hands a request to another engine once its first
-        token is sampled: the request leaves `running`, and its block table stays in the block
-        manager until the KV has been copied out (the caller then calls `block_manager.free`).
-        """
+        """Stop scheduling a running request without freeing its blocks: a KV producer
+        (disaggregated prefill) copies them out, then calls `block_manager.free`."""
         if request not in self.running:
             raise ValueError(f"request {request.request_id!r} is not running, so it cannot be detached")
         self.running.remove(request)
         self.order.leave(request)
-        # Its row in the runner goes; the blocks stay in the manager for the caller.
         self._freed_request_ids.append(request.request_id)
         self._unsent_tables.discard(request.request_id)
 
     def add_running(self, request: Request) -> None:
-        """Admit a request whose KV for its first `num_computed_tokens` tokens is already in its
-        block table (a KV consumer received it): it joins `running` and its next step is a
-        decode.  The caller has checked that it is decoding and that its table is there."""
+        """Admit a decoding request whose KV is already in its block table (a KV consumer
+        received it): it joins `running`."""
         if len(self.running) >= self.config.max_num_seqs:
             raise ValueError(f"the batch is full ({self.config.max_num_seqs} requests running)")
         request.status = RequestStatus.RUNNING
@@ -458,8 +264,7 @@ class Scheduler:
 
 class _StepPool:
     """`schedule_step`'s view of the KV cache (`StepPool`): each call is carried out on the
-    scheduler's state as it is made (allocations, admissions, preemptions), and recorded, so
-    that `check` can hold the returned plan against what was done."""
+    scheduler's state as it is made, so that `check` can hold the plan against what was done."""
 
     def __init__(self, scheduler: Scheduler, waiting: dict[str, Request], drafts: Mapping[str, DraftTokens],
                  out: SchedulerOutput):
@@ -469,9 +274,8 @@ class _StepPool:
         self.drafts = drafts
         self.out = out
         self.hits: dict[str, tuple[list, int]] = {}  # prefix hits looked up this step
-
-    def _running(self, request_id: str) -> Request | None:
-        return next((r for r in self.scheduler.running if r.request_id == request_id), None)
+        self.running = {r.request_id: r for r in scheduler.running}  # kept as the step goes
+        self.scheduled_ids: set[str] = set()
 
     def _waiting(self, request_id: str) -> Request:
         request = self.waiting.get(request_id)
@@ -482,12 +286,32 @@ class _StepPool:
         return request
 
     def _hit(self, request: Request) -> tuple[list, int]:
-        """Its prefix hit, looked up again if a block of it was evicted since."""
+        """Its prefix hit (cached blocks, tokens they hold), looked up again if a block of it was
+        evicted since; none for a request that wants prompt logprobs (every position computed)."""
         hit = self.hits.get(request.request_id)
         cached = self.manager.block_pool.cached_blocks
         if hit is None or any(cached.get(b.block_hash) is not b for b in hit[0]):
-            hit = self.hits[request.request_id] = self.scheduler._lookup_prefix(request)
+            block_hashes = request.block_hashes.setdefault(self.manager.block_size, [])
+            hit = self.manager.get_computed_blocks(request.all_token_ids, block_hashes)
+            if request.skip_reading_prefix_cache:
+                hit = ([], 0)
+            self.hits[request.request_id] = hit
         return hit
+
+    def _schedule(self, request: Request, num_new_tokens: int, num_cached: int,
+                  num_held_blocks: int) -> None:
+        """Record the request's share; the runner holds its first `num_held_blocks` blocks,
+        unless it never saw the table."""
+        unsent = self.scheduler._unsent_tables
+        if unsent and request.request_id in unsent:
+            unsent.discard(request.request_id)
+            num_held_blocks = 0
+        new_block_ids = self.manager.get_block_table(request.request_id, start=num_held_blocks)
+        draft = self.drafts.get(request.request_id)
+        block_update = (num_held_blocks, new_block_ids)
+        scheduled = schedule_request(request, num_new_tokens, num_cached, draft, block_update)
+        self.out.scheduled.append(scheduled)
+        self.scheduled_ids.add(request.request_id)
 
     def num_cached_tokens(self, request_id: str) -> int:
         request = self._waiting(request_id)
@@ -495,24 +319,24 @@ class _StepPool:
         return self._hit(request)[1]
 
     def num_new_blocks(self, request_id: str, num_new_tokens: int) -> int:
-        request = self._running(request_id)
+        request = self.running.get(request_id)
         if request is not None:
             return self.manager.num_blocks_to_allocate(request_id, request.num_computed_tokens, num_new_tokens)
         blocks, num_cached = self._hit(self._waiting(request_id))
         return self.manager.num_blocks_to_allocate(request_id, num_cached, num_new_tokens, blocks)
 
     def num_free_blocks_for(self, request_id: str) -> int:
-        if self._running(request_id) is not None:
+        if self.running.get(request_id) is not None:
             return self.manager.num_free_blocks
         return self.manager.num_free_blocks_beside(self._hit(self._waiting(request_id))[0])
 
     def allocate(self, request_id: str, num_new_tokens: int) -> bool:
-        if any(s.request.request_id == request_id for s in self.out.scheduled):
+        if request_id in self.scheduled_ids:
             raise StepPlanError(f"request {request_id!r} was given tokens twice in one step")
         if not isinstance(num_new_tokens, int) or num_new_tokens < 1:
             raise StepPlanError(f"request {request_id!r} was allocated {num_new_tokens!r} tokens: a request that runs "
                                 f"has no tokens to compute otherwise; allocate at least 1 (and leave out one with 0)")
-        request = self._running(request_id)
+        request = self.running.get(request_id)
         if request is not None:
             num_spec = len(self.drafts[request_id]) if request_id in self.drafts else 0
             num_remaining = request.num_tokens - request.num_computed_tokens
@@ -522,12 +346,10 @@ class _StepPool:
             num_held = self.manager.num_held_blocks(request_id)
             if not self.manager.allocate_slots(request_id, request.num_computed_tokens, num_new_tokens):
                 return False
-            update = self.scheduler._block_update(request_id, num_held)
-            self.out.scheduled.append(
-                schedule_request(request, num_new_tokens, draft=self.drafts.get(request_id), block_update=update))
+            self._schedule(request, num_new_tokens, 0, num_held)
             return True
         request = self._waiting(request_id)
-        head = self.scheduler.waiting[0]
+        scheduler, head = self.scheduler, self.scheduler.waiting[0]
         if head is not request:
             raise StepPlanError(f"request {request_id!r} was started while {head.request_id!r} is the waiting queue's "
                                 f"head: fcfs starts requests in queue order")
@@ -535,18 +357,37 @@ class _StepPool:
         if num_new_tokens > request.num_tokens - num_cached:
             raise StepPlanError(f"waiting request {request_id!r} has {request.num_tokens - num_cached} tokens to compute "
                                 f"(its prompt less a prefix hit of {num_cached}), not {num_new_tokens}")
-        return self.scheduler._start(request, num_cached, num_new_tokens, blocks, self.out)
+        if not self.manager.allocate_slots(request_id, num_cached, num_new_tokens, blocks):
+            return False
+        # The head starts, its prefix hit already in the cache.
+        scheduler.waiting.popleft()
+        scheduler.order.place(scheduler.running, request)
+        scheduler.num_prefix_cache_queries += request.num_tokens
+        scheduler.num_prefix_cache_hits += num_cached
+        self.running[request_id] = request
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_cached
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_cached
+        self._schedule(request, num_new_tokens, num_cached, 0)
+        return True
 
     def preempt(self, request_id: str) -> None:
-        request = self._running(request_id)
+        request = self.running.get(request_id)
         if request is None:
             raise StepPlanError(f"request {request_id!r} is not running, so it cannot be preempted")
-        if any(s.request is request for s in self.out.scheduled):
+        if request_id in self.scheduled_ids:
             raise StepPlanError(f"request {request_id!r} was preempted after it was scheduled this step (its tokens "
                                 f"would be computed into blocks it gave back): a victim is the request that needs "
                                 f"room or one after it")
-        self.scheduler.running.remove(request)
-        self.scheduler._preempt(request)
+        scheduler = self.scheduler
+        scheduler.running.remove(request)
+        del self.running[request_id]
+        scheduler.num_preemptions += 1
+        scheduler._release_table(request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        scheduler.order.requeue(scheduler.waiting, request)
         self.out.preempted.append(request)
 
     def check(self, plan: StepPlan, step: StepInputs) -> None:

@@ -1,9 +1,7 @@
 """How well the draft guesses: counters per request and per engine, and the textbook formula.
 
 Contract: `SpecDecodingStats.observe(num_draft_tokens, num_accepted_tokens)` records one
-verification round (vLLM calls a round a "draft"); the properties turn the counters into the
-rates a chapter plots.  Names follow vLLM's metrics (`num_drafts`, `num_draft_tokens`,
-`num_accepted_tokens`, `num_accepted_tokens_per_pos`).
+verification round (vLLM's "draft"); the properties are the rates a chapter plots (vLLM's names).
 
 If each drafted token were accepted independently with probability alpha, a round of K drafts
 would produce on average (Leviathan et al. 2023, eq. 1):

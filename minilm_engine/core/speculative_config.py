@@ -11,13 +11,11 @@ that needs both models.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 MAX_SPECULATIVE_TOKENS = 16  # beyond this the chance that all K are accepted is negligible
-
-
 METHODS = ("draft_model", "ngram")
 
 
@@ -34,6 +32,9 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative_config['method'] must be one of {METHODS}, got {self.method!r}")
+        if self.method == "draft_model" and self.model is None:
+            raise ValueError("speculative_config needs a 'model': the draft's folder, hub id or "
+                             "shipped name (or 'method': 'ngram' to draft from the prompt)")
         if self.method == "draft_model" and (not isinstance(self.model, (str, Path)) or not str(self.model)):
             raise TypeError(
                 f"speculative_config['model'] must be a folder, a hub id or a shipped model name, "
@@ -63,35 +64,23 @@ class SpeculativeConfig:
                 "speculative_config must be a dict like {'model': 'noodle-apprentice', "
                 f"'num_speculative_tokens': 3}}, got {value!r}"
             )
-        known = {"model", "num_speculative_tokens", "method", "prompt_lookup_min", "prompt_lookup_max"}
-        unknown = sorted(set(value) - known)
+        known = sorted(f.name for f in fields(cls))
+        unknown = sorted(set(value) - set(known))
         if unknown:
-            raise TypeError(f"unknown speculative_config keys {unknown}; the keys are {sorted(known)}")
+            raise TypeError(f"unknown speculative_config keys {unknown}; the keys are {known}")
         k = value.get("num_speculative_tokens")
         if k is None or k == 0 and not isinstance(k, bool):
             return None  # vLLM's convention: no speculative tokens, no speculation
-        method = value.get("method", "draft_model")
-        if method == "draft_model" and "model" not in value:
-            raise ValueError(
-                "speculative_config needs a 'model': the draft's folder, hub id or shipped name "
-                "(or 'method': 'ngram' to draft from the prompt, with no model)"
-            )
         model = value.get("model")
-        return cls(
-            model=None if model is None else str(model), num_speculative_tokens=k, method=method,
-            prompt_lookup_min=value.get("prompt_lookup_min", 1), prompt_lookup_max=value.get("prompt_lookup_max", 4),
-        )
+        return cls(**{**value, "model": None if model is None else str(model)})
 
 
 def check_draft_fits_target(
     draft_config, target_config, draft_tokenizer, target_tokenizer, max_model_len: int,
     draft_num_parameters: int, target_num_parameters: int,
 ) -> None:
-    """Raise ValueError if the draft cannot propose tokens for this target; warn if it is bigger.
-
-    The rejection sampler compares the two models' probabilities token id by token id, so the
-    ids must mean the same strings in both: same vocabulary size, same tokenizer vocabulary.
-    """
+    """Raise ValueError if the draft cannot propose tokens for this target (the rejection sampler
+    compares probabilities id by id: the ids must mean the same strings); warn if it is bigger."""
     if draft_config.vocab_size != target_config.vocab_size:
         raise ValueError(
             f"the draft's vocabulary has {draft_config.vocab_size} tokens, the target's "

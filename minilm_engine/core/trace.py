@@ -2,8 +2,7 @@
 
 Contract: after each step the engine appends one `StepRecord` (who ran, with how many prefill
 and decode tokens, what happened to which KV block, pool occupancy, wall time) and calls every
-registered callback with it, so a widget can follow the engine live.  `to_dataframe()` gives
-one row per (step, request) for analysis.
+registered callback with it; `to_dataframe()` gives one row per (step, request).
 """
 
 from __future__ import annotations
@@ -88,21 +87,13 @@ class StepTrace:
 
     def to_records(self) -> list[dict]:
         """One dict per (step, scheduled request)."""
-        rows = []
-        for rec in self.records:
-            for chunk in rec.chunks:
-                rows.append(
-                    {
-                        "step": rec.step,
-                        "start_time": rec.start_time,
-                        "duration_s": rec.duration_s,
-                        **asdict(chunk),
-                        "num_running": rec.num_running,
-                        "num_waiting": rec.num_waiting,
-                        "kv_usage": rec.usage,
-                    }
-                )
-        return rows
+        return [
+            {"step": rec.step, "start_time": rec.start_time, "duration_s": rec.duration_s,
+             **asdict(chunk),
+             "num_running": rec.num_running, "num_waiting": rec.num_waiting, "kv_usage": rec.usage}
+            for rec in self.records
+            for chunk in rec.chunks
+        ]
 
     def to_dataframe(self):
         import pandas as pd

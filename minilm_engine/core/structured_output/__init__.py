@@ -8,8 +8,7 @@ request.  Data then flows one way through each step:
           ▲             (`worker/structured_output.py`), then sample as usual
           └── Request appends the sampled token: grammar.accept_token(t); terminated -> stop
 
-The backend (xgrammar, and its vocabulary view) is built on the first constrained request, so
-an engine that never sees one never imports xgrammar.
+The backend (xgrammar) is built on the first constrained request: only then is it imported.
 """
 
 from __future__ import annotations
@@ -28,20 +27,16 @@ __all__ = ["Grammar", "GrammarSpec", "StructuredOutputManager", "StructuredOutpu
 
 @dataclass(frozen=True)
 class StructuredOutputsConfig:
-    """The engine's settings (vLLM's `--structured-outputs-config`): the backend (xgrammar, the
-    only one here) and `disable_any_whitespace` for every request (JSON without whitespace
-    between tokens, as if each request asked for it: clients that cannot send vLLM's option
-    then get compact JSON, which a small model needs)."""
+    """The engine's settings (vLLM's `--structured-outputs-config`): the backend (xgrammar only)
+    and `disable_any_whitespace` for every request (compact JSON, which a small model needs)."""
 
     backend: str = "xgrammar"
     disable_any_whitespace: bool = False
 
     @classmethod
     def parse(cls, value: StructuredOutputsConfig | dict[str, Any] | None) -> StructuredOutputsConfig:
-        if isinstance(value, cls):
-            return value
-        if value is None:
-            return cls()
+        if value is None or isinstance(value, cls):
+            return value or cls()
         if not isinstance(value, dict):
             raise TypeError(f"structured_outputs_config must be a dict, got {value!r}")
         unknown = sorted(set(value) - {"backend", "disable_any_whitespace"})

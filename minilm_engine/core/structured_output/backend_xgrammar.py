@@ -1,11 +1,9 @@
 """The grammar backend on xgrammar (vLLM's default): compile once per spec, one matcher per request.
 
 Contract: `XgrammarBackend(tokenizer, vocab_size, stop_token_ids)` builds xgrammar's view of
-the vocabulary once (`TokenizerInfo`, from the Hugging Face tokenizer the engine loaded, sized
-to the model's `vocab_size`: logits may be wider than the tokenizer, and ids past it are
-never allowed).  `compile(spec)` returns the compiled grammar, compiling each `GrammarSpec`
-only the first time (`num_compiled` counts real compilations).  `Grammar` is one request's
-position in its grammar:
+the vocabulary once, sized to the model's `vocab_size` (ids past the tokenizer's are never
+allowed).  `compile(spec)` compiles each `GrammarSpec` once (`num_compiled` counts them).
+`Grammar` is one request's position in its grammar:
 
     accept_token(t)       advance by the token the sampler chose (False: not allowed)
     fill_bitmask(bm, row) write row `row` of an int32 bitmask (B, ceil(V / 32)): bit j of word i

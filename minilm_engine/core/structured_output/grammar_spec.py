@@ -1,12 +1,10 @@
 """What a request's `structured_outputs` asks for, as one canonical, hashable spec.
 
 Contract: `GrammarSpec.of(params)` turns vLLM's five spellings into (kind, text, any_whitespace),
-where equal requests give equal specs (a JSON schema is re-serialised compactly, its keys in
-their order: the order of `properties` is the order the output writes them), so
-the backend compiles each grammar once and finds it again by its spec.  `to_xgrammar(spec)`
-parses the spec into an `xgrammar.Grammar` (no tokenizer needed) and raises `ValueError`
-naming the field ("structured_outputs.json: ...") when the library cannot follow it; this is
-how `StructuredOutputsParams` validates at construction.
+equal for equal requests (a JSON schema re-serialised, its keys in their order), so the backend
+compiles each grammar once.  `to_xgrammar(spec)` parses it (no tokenizer needed), raising
+`ValueError` naming the field when the library cannot follow it: how `StructuredOutputsParams`
+validates at construction.
 
     json={"type": "object", ...}  ->  GrammarSpec("json", '{"type": "object", ...}')
     json_object=True              ->  GrammarSpec("json_object", "")
@@ -39,7 +37,10 @@ class GrammarSpec:
         """`disable_any_whitespace`: the engine's setting, on top of the request's own."""
         any_whitespace = not (params.disable_any_whitespace or disable_any_whitespace)
         if params.json is not None:
-            schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+            try:
+                schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+            except ValueError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
             if not isinstance(schema, dict):
                 raise ValueError(f"structured_outputs.json must be a JSON schema (an object), got {params.json!r}")
             return cls("json", json.dumps(schema), any_whitespace, "json")

@@ -377,7 +377,7 @@ def _run_admission(fn: Fn, setup: BuildSetup, args: dict[str, Any], want) -> Any
 
 def _probe_no_admission_after_preemption(fn: Fn) -> None:
     """The runs may not reach this state; a step that preempted and still has seat, budget and blocks."""
-    from minilm_engine.core.scheduler import AdmissionState
+    from minilm_engine.core.schedule_step import AdmissionState
 
     state = AdmissionState(num_running=1, max_num_seqs=3, num_new_tokens=6, num_new_blocks=3,
                            num_free_blocks=4, num_preempted=1)

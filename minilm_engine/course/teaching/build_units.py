@@ -251,7 +251,7 @@ def check_admits_alone(call: Fn) -> str:
     blocks needed exactly the blocks free, one more than free, a preemption earlier in the step."""
     from itertools import product
 
-    from minilm_engine.core.scheduler import AdmissionState
+    from minilm_engine.core.schedule_step import AdmissionState
 
     reference = pluggable.default("scheduler.admits")
     num_cases = 0

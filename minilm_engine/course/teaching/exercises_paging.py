@@ -175,7 +175,7 @@ prefill_chunks_exercise = Exercise(
     "prefill_chunks",
     shows=(
         "minilm_engine.core.scheduler:Scheduler.schedule",
-        "minilm_engine.core.scheduler:Scheduler._num_tokens_to_compute",
+        "minilm_engine.core.schedule_step:num_tokens_to_compute",
     ),
     package=("minilm_engine.course.teaching.exercises_paging:engine_prefill_chunks",),
     solutions="04_prefill_vs_decode_solutions.ipynb",
