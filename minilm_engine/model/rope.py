@@ -43,7 +43,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inverse_frequencies(rope, head_dim), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        # positions: (..., T) int  ->  cos, sin: (..., T, head_dim)
+        # positions: (N,) int  ->  cos, sin: (N, head_dim)
         freqs = positions[..., None].float() * self.inv_freq.float()
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -55,6 +55,6 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, T, H, D); cos, sin: (B, T, D) -> rotated x, same shape."""
+    """x: (N, H, D); cos, sin: (N, D) -> rotated x, same shape."""
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
     return x * cos + rotate_half(x) * sin

@@ -100,7 +100,7 @@ class ModelRunner:
             hidden = graphs.run(input_ids, positions, meta)  # (N, hidden), N == num_seqs
         else:
             attn = PagedAttention(self.cache, meta, self.attention_backend)
-            hidden = self.model(input_ids[None], positions[None], attn)[0]  # (N, hidden)
+            hidden = self.model(input_ids, positions, attn)  # (N, hidden)
         results: list[list[int]] = [[] for _ in scheduled]
         out = ModelRunnerOutput(results, [None] * len(scheduled), self._prompt_logprobs(scheduled, hidden, meta))
         # Only sequences whose every known token is now computed get a next token: a plain one

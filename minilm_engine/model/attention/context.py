@@ -49,7 +49,7 @@ class PagedAttention:
         self.plan = self.backend.plan(meta, block_size, num_kv_heads)
 
     def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
-        # The model gives (1, N, ., D): one flattened row holding every sequence's new tokens.
+        """q: (N, H, D), k, v: (N, H_kv, D), every sequence's new tokens side by side -> (N, H, D)."""
         k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
-        self.backend.write_kv(k_cache, v_cache, k[0], v[0], self.meta.slot_mapping)
-        return self.backend.attend(q[0], k_cache, v_cache, self.plan)[None]
+        self.backend.write_kv(k_cache, v_cache, k, v, self.meta.slot_mapping)
+        return self.backend.attend(q, k_cache, v_cache, self.plan)

@@ -18,7 +18,8 @@ class AttentionContext(Protocol):
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        """q: (B, T, H, D), k and v: (B, T, H_kv, D) for this step's tokens -> (B, T, H, D)."""
+        """q: (N, H, D), k and v: (N, H_kv, D) for this step's N tokens -> (N, H, D).  A context
+        that serves a padded batch of B rows knows B and reshapes (N = B * T) itself."""
         ...
 
 
@@ -66,13 +67,13 @@ def causal_mask(
 
 
 class NoKVCache:
-    """Attention over this step's tokens only: nothing is kept, so every step starts over."""
+    """Attention over this step's tokens only: nothing is kept, so every step starts over.
+    `valid` (B, T) bool, False for padding: the model's N = B * T tokens are B rows of T."""
 
     def __init__(self, valid: torch.Tensor):
-        # valid: (B, T) bool, False for padding tokens
-        T = valid.shape[1]
+        self.batch_size, T = valid.shape
         self._mask = causal_mask(valid, torch.arange(T, device=valid.device))
 
     def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
-        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self._mask)
-        return out.transpose(1, 2)
+        q, k, v = (x.view(self.batch_size, -1, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))  # (B, H, T, D)
+        return attention(q, k, v, self._mask).transpose(1, 2).flatten(0, 1)  # (N, H, D)

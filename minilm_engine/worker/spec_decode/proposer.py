@@ -186,7 +186,7 @@ class DraftModelProposer:
         for chunk in chunks:
             self.num_computed_tokens[chunk.request_id] = chunk.end
         attn = PagedAttention(self.cache, meta, self.attention_backend)
-        hidden = self.model(ids[None], pos[None], attn)[0]  # (N, hidden)
+        hidden = self.model(ids, pos, attn)  # (N, hidden)
         return self.model.compute_logits(hidden[meta.query_start_loc[1:] - 1])
 
     # -- after the target's verdict ---------------------------------------------------------
