@@ -71,7 +71,8 @@ def test_rows_equal_a_dict_of_lists(ops):
     rows = np.array([table.row_of[q] for q in rids], dtype=np.int64)
     ends = np.array([2 * len(model[q]) - len(q) % 2 for q in rids], dtype=np.int64)
     starts = ends // 3
-    expected = [s for q, a, b in zip(rids, starts, ends) for s in slot_mapping(model[q], 2, int(a), int(b))]
+    expected = [s for q, a, b in zip(rids, starts, ends)
+                for s in slot_mapping(model[q], 2, int(a), int(b))]
     assert table.slot_mapping(rows, starts, ends).tolist() == expected
 
 

@@ -15,7 +15,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache, NoKVCache, forward_rows
+from minilm_engine.course.baselines.contiguous_cache import (
+    ContiguousKVCache, NoKVCache, forward_rows,
+)
 from minilm_engine.model import CausalLM, ModelConfig, load_model
 
 from conftest import build_hf_model, hf_config

@@ -253,7 +253,8 @@ def test_the_batch_reads_the_device_once(monkeypatch):
 
         monkeypatch.setattr(torch.Tensor, name, counted)
     rejection_sample_batch(drafts, target_logits, params, generators)
-    assert calls == {"item": 0, "tolist": 1, "__bool__": 1, "__float__": 0, "__int__": 0}  # bool: the sampler's
+    # bool: the sampler's
+    assert calls == {"item": 0, "tolist": 1, "__bool__": 1, "__float__": 0, "__int__": 0}
     # validity check of the distributions, once for all rows
 
 
@@ -280,8 +281,10 @@ def test_a_shared_generator_still_gives_valid_tokens():
     drafts, target_logits, params = random_round(2, ["sampling", "sampling"], [3, 3], 6, 0.5)
     shared = torch.Generator().manual_seed(9)
     for generators in ([shared, shared], [None, None]):
-        for draft, tokens in zip(drafts, rejection_sample_batch(drafts, target_logits, params, generators)):
-            assert 1 <= len(tokens) <= len(draft) + 1 and tokens[:-1] == draft.token_ids[: len(tokens) - 1]
+        out = rejection_sample_batch(drafts, target_logits, params, generators)
+        for draft, tokens in zip(drafts, out):
+            assert 1 <= len(tokens) <= len(draft) + 1
+            assert tokens[:-1] == draft.token_ids[: len(tokens) - 1]
 
 
 def test_the_batch_refuses_bad_shapes():

@@ -108,12 +108,10 @@ class CausalLM(nn.Module):
         self.model = DecoderStack(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
-        # How the projections are quantized (a quantization.QuantizationConfig), or None.
-        self.quantization_config = None
+        self.quantization_config = None  # a quantization.QuantizationConfig when quantized
 
     def tie_weights(self) -> None:
-        """Small models share the input embedding with the output head (one matrix, two uses)."""
-        # A quantized head (quantization_config={"lm_head": True}) holds codes, not the table.
+        """Small models share the input embedding with the output head (unless it is quantized)."""
         if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -125,9 +123,7 @@ class CausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.model.embed_tokens.weight.dtype
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext):
         """input_ids, positions: (N,), every sequence's tokens of the step side by side ->
         final hidden states (N, hidden_size)."""
         x = self.model.embed_tokens(input_ids)  # (N, hidden)

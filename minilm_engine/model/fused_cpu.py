@@ -163,7 +163,7 @@ class FusedAttention(nn.Module):
     def forward(self, x, cos, sin, attn) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # (N, (H + 2 H_kv) D)
-        qk = qkv[:, : self.qk_dim].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk = qkv[:, : self.qk_dim].view(num_tokens, -1, self.head_dim)  # (N, H + H_kv, D)
         v = qkv[:, self.qk_dim :].view(num_tokens, self.num_kv_heads, self.head_dim)  # (N, H_kv, D)
         if self.qk_norm is not None:
             qk = self.qk_norm(qk)

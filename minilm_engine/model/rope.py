@@ -21,17 +21,14 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.rope_type == "default":
         return inv_freq
-    # Llama 3.1: wavelengths longer than the original training context are divided by
-    # `factor` (so far positions look like near ones), short wavelengths are kept, and the
-    # band in between is interpolated smoothly.
+    # Llama 3.1: long wavelengths divided by `factor`, short ones kept, the band between smoothed.
     old_len = rope.original_max_position_embeddings
     low_freq_wavelen = old_len / rope.low_freq_factor
     high_freq_wavelen = old_len / rope.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
-    smooth = (old_len / wavelen - rope.low_freq_factor) / (
-        rope.high_freq_factor - rope.low_freq_factor
-    )
+    band = rope.high_freq_factor - rope.low_freq_factor
+    smooth = (old_len / wavelen - rope.low_freq_factor) / band
     smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)

@@ -106,7 +106,8 @@ class BlockTable:
             return np.array(slots, dtype=np.int64)
         num_new = ends - starts  # (S,)
         row_of_token = np.repeat(rows, num_new)  # (N,)
-        positions = np.arange(num_new.sum()) + np.repeat(starts - (np.cumsum(num_new) - num_new), num_new)
+        first_rows = np.cumsum(num_new) - num_new  # (S,) each request's first token of the step
+        positions = np.arange(num_new.sum()) + np.repeat(starts - first_rows, num_new)  # (N,)
         blocks = self.block_ids[row_of_token, positions // self.block_size]  # (N,)
         return blocks * self.block_size + positions % self.block_size
 

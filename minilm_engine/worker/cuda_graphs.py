@@ -168,4 +168,4 @@ class DecodeGraphRunner:
             max_query_len=1,
         )
         attn = PagedAttention(self.cache, meta, self.backend)
-        return self.model(self.input_ids[:bucket], self.positions[:bucket], attn)  # (bucket, hidden)
+        return self.model(self.input_ids[:bucket], self.positions[:bucket], attn)  # (bucket, H)

@@ -114,7 +114,8 @@ class ModelRunner:
             requests = [scheduled[i].request for i in verifying]
             accepted = rejection_sample_batch(
                 [scheduled[i].draft for i in verifying], logits[len(plain) :],
-                [r.sampling_params for r in requests], [r.generator for r in requests], self.sample_buffer,
+                [r.sampling_params for r in requests], [r.generator for r in requests],
+                self.sample_buffer,
             )
             for i, tokens in zip(verifying, accepted):
                 results[i] = tokens

@@ -78,7 +78,8 @@ class ContiguousKVCache:
         """q: (N, H, D), k, v: (N, H_kv, D), N = B * T, row by row -> (N, H, D)."""
         batch_size = self.key_valid.shape[0]
         q, k, v = (x.view(batch_size, -1, *x.shape[1:]) for x in (q, k, v))  # (B, T, ., D)
-        out = append_and_attend(self.k[layer_idx], self.v[layer_idx], self._start, q, k, v, self._mask)
+        k_cache, v_cache = self.k[layer_idx], self.v[layer_idx]
+        out = append_and_attend(k_cache, v_cache, self._start, q, k, v, self._mask)
         return out.flatten(0, 1)
 
 

@@ -34,7 +34,7 @@ class KVCacheStrategy(Strategy):
             ids = torch.tensor(request.prompt_token_ids, device=device)  # prefill: (P,)
             positions = torch.arange(len(ids), device=device)
             while not request.finished:
-                cache.begin_step(torch.ones(1, len(ids), dtype=torch.bool, device=device))  # one row
+                cache.begin_step(torch.ones(1, len(ids), dtype=torch.bool, device=device))
                 hidden = self.model(ids, positions, cache)  # (T, hidden)
                 self.sample_and_append([request], self.model.compute_logits(hidden[-1:]))
                 yield [request]

@@ -83,7 +83,8 @@ def next_token_loss(model, batch: torch.Tensor) -> torch.Tensor:
     batch = batch.to(model.device)
     inputs = batch[:, :-1]
     positions = torch.arange(inputs.shape[1], device=model.device).expand_as(inputs)
-    hidden = forward_rows(model, inputs, positions, NoKVCache(torch.ones_like(inputs, dtype=torch.bool)))
+    valid = torch.ones_like(inputs, dtype=torch.bool)
+    hidden = forward_rows(model, inputs, positions, NoKVCache(valid))
     logits = model.compute_logits(hidden)  # (b, L, V)
     return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 

@@ -199,7 +199,8 @@ def time_verify_forward_repeats(
     cache = ContiguousKVCache(model.config, batch_size, context_len + max_new, model.dtype, device)
     prompt = torch.randint(vocab, (batch_size, context_len), generator=gen).to(device)  # (B, P)
     cache.begin_step(torch.ones(batch_size, context_len, dtype=torch.bool, device=device))
-    forward_rows(model, prompt, torch.arange(context_len, device=device)[None].expand(batch_size, -1), cache)
+    prompt_positions = torch.arange(context_len, device=device)[None].expand(batch_size, -1)
+    forward_rows(model, prompt, prompt_positions, cache)
     inputs = {}
     for t in num_new_tokens:
         ids = torch.randint(vocab, (batch_size, t), generator=gen).to(device)  # (B, T)
@@ -299,7 +300,8 @@ def target_distribution(model, prompt_ids: list[int], params: SamplingParams, nu
         for prefix, prob in dist.items():
             ids = torch.tensor(prompt_ids + list(prefix), device=model.device)  # (T,)
             positions = torch.arange(len(ids), device=model.device)
-            hidden = model(ids, positions, NoKVCache(torch.ones(1, len(ids), dtype=torch.bool)))  # (T, hidden)
+            valid = torch.ones(1, len(ids), dtype=torch.bool)  # one row of T
+            hidden = model(ids, positions, NoKVCache(valid))  # (T, hidden)
             probs = sampling_probs(model.compute_logits(hidden[-1]), params).cpu()  # (V,)
             for token in (probs > 0).nonzero().flatten().tolist():
                 grown[prefix + (token,)] = prob * probs[token].item()

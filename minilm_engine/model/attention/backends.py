@@ -12,7 +12,7 @@ The plan is what a backend works out once per step from the metadata: the torch 
 gather indices (from the host copies), the Triton backend's choice of kernel (from shapes only,
 so a CUDA graph can record it).  `attend` also takes metadata instead, and plans on the spot.
 
-    "torch"   the reference (`paged.py`): readable, runs anywhere, what the others are tested against
+    "torch"   the reference (`paged.py`): readable, runs anywhere; the others are tested against it
     "cpu"     `cpu.py`: SDPA for prompts and chunks, a compiled decode kernel reading keys in place
     "triton"  the triton_*.py kernels: on a CUDA GPU, or under TRITON_INTERPRET=1 on a CPU (tests)
     "auto"    "triton" on a CUDA GPU when Triton imports, "cpu" on a CPU, "torch" otherwise
@@ -50,7 +50,7 @@ class AttentionBackend(ABC):
     def plan(self, meta: PagedAttentionMetadata, block_size: int, num_kv_heads: int):
         """The step's plan, for caches of (num_blocks, block_size, num_kv_heads, D)."""
 
-    def write_kv(self, k_cache, v_cache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    def write_kv(self, k_cache, v_cache, k, v, slot_mapping: torch.Tensor) -> None:
         """k, v: (N, H_kv, D) -> stored at `slot_mapping` (N,) in this layer's caches."""
         write_kv_reference(k_cache, v_cache, k, v, slot_mapping)
 

@@ -37,7 +37,7 @@ class PagedAttention:
         self.plan = self.backend.plan(meta, block_size, num_kv_heads)
 
     def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
-        """q: (N, H, D), k, v: (N, H_kv, D), every sequence's new tokens side by side -> (N, H, D)."""
+        """q: (N, H, D), k, v: (N, H_kv, D), every sequence's new tokens -> (N, H, D)."""
         k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
         self.backend.write_kv(k_cache, v_cache, k, v, self.meta.slot_mapping)
         return self.backend.attend(q, k_cache, v_cache, self.plan)

@@ -15,29 +15,21 @@ import torch
 
 
 class AttentionContext(Protocol):
-    def attend(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> torch.Tensor:
         """q: (N, H, D), k and v: (N, H_kv, D) for this step's N tokens -> (N, H, D).  A context
         that serves a padded batch of B rows knows B and reshapes (N = B * T) itself."""
         ...
 
 
-def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Masked multi-head attention where H_kv key/value heads serve H query heads.
-
-    q: (B, H, T, D)      the queries of this step's T tokens
-    k, v: (B, H_kv, S, D) every key/value the queries may look at (S >= T)
-    mask: (B, T, S) bool, True where query t may attend to key s
-    returns (B, H, T, D)
-    """
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
+    """Masked multi-head attention where H_kv key/value heads serve H query heads: q (B, H, T, D),
+    k and v (B, H_kv, S, D), mask (B, T, S) bool, True where query t may see key s
+    -> (B, H, T, D)."""
     B, num_heads, T, D = q.shape
     num_kv_heads, S = k.shape[1], k.shape[2]
-    # Grouped-query attention: each K/V head serves a group of query heads (query head h uses
-    # K/V head h // group).  Folding each group's queries into one matrix lets every K/V head
-    # be read once, without copying it `group` times.
+    # Grouped-query attention: query head h uses K/V head h // group.  Folding each group's
+    # queries into one matrix reads every K/V head once, without copying it.
     group = num_heads // num_kv_heads
     q = q.reshape(B, num_kv_heads, group * T, D)  # rows: (query head in group, token)
     scores = (q @ k.transpose(-1, -2)) * D**-0.5  # (B, H_kv, group * T, S)
@@ -48,18 +40,10 @@ def attention(
     return (probs @ v).reshape(B, num_heads, T, D)
 
 
-def causal_mask(
-    key_valid: torch.Tensor, query_slots: torch.Tensor
-) -> torch.Tensor:
-    """Which keys each query may see: keys at or before its own slot that hold real tokens.
-
-    A padding query still sees its own slot, so its softmax row is never empty: an all-masked
-    row would give NaN, and NaN times a zero weight is still NaN in the next layer's values.
-
-    key_valid: (B, S) bool, False for padding slots
-    query_slots: (T,) slot index of each query token (the same for every row)
-    returns (B, T, S) bool
-    """
+def causal_mask(key_valid: torch.Tensor, query_slots: torch.Tensor) -> torch.Tensor:
+    """key_valid (B, S) bool (False for padding), query_slots (T,) -> (B, T, S) bool: each
+    query sees the real keys at or before its slot, and its own slot (a padding query too, so
+    no softmax row is empty: an all-masked row gives NaN, which a zero weight lets through)."""
     key_slots = torch.arange(key_valid.shape[1], device=key_valid.device)
     not_future = key_slots[None, :] <= query_slots[:, None]  # (T, S)
     is_self = key_slots[None, :] == query_slots[:, None]  # (T, S)
@@ -75,5 +59,6 @@ class NoKVCache:
         self._mask = causal_mask(valid, torch.arange(T, device=valid.device))
 
     def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
-        q, k, v = (x.view(self.batch_size, -1, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))  # (B, H, T, D)
+        # (N, ., D) -> (B, ., T, D)
+        q, k, v = (x.view(self.batch_size, -1, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
         return attention(q, k, v, self._mask).transpose(1, 2).flatten(0, 1)  # (N, H, D)

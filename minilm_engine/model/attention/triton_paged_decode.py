@@ -23,7 +23,7 @@ One program instance = one (sequence, K/V head) pair and ALL the query heads sha
 
 One program per K/V head: decode is bound by memory traffic, and a K/V tile loaded once serves
 all G query heads.  Scores are a product summed over D, not `tl.dot` (whose tiles must be >= 16
-wide; G is 1 to 8): decode has arithmetic to spare.  Few long sequences: `triton_paged_decode_split`.
+wide; G is 1 to 8): decode has arithmetic to spare.  Few long contexts: `triton_paged_decode_split`.
 """
 
 from __future__ import annotations

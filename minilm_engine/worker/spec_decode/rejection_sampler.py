@@ -1,34 +1,21 @@
 """Accept or reject drafted tokens so that the output is distributed exactly as the target's.
 
-Contract: `rejection_sample(draft, target_logits, params, generator)` takes the k tokens a draft
-proposed for one request, the draft's probabilities for them, and the target's logits at the
-k + 1 positions of the verification chunk; it returns the tokens to append: the accepted
-prefix of the drafts, then one token from the target (1 to k + 1 tokens in all).
-`rejection_sample_batch` does the same for every verifying request of a step, reading from the
-device once (no `.item()` per draft).
+Contract: `rejection_sample(draft, target_logits, params, generator)` takes a request's k drafted
+tokens (with the draft's probabilities for a sampling request) and the target's logits at the
+k + 1 rows of the verification chunk, and returns the tokens to append: the accepted drafts,
+then one token of the target's.  `rejection_sample_batch` does it for a whole step, with one
+read from the device.
 
     verification chunk   [ t   d1  d2  d3 ]      t: the request's last token, d: drafts (k = 3)
-    target logits row      0   1   2   3         row i scores the token after chunk token i
-    row i verifies d(i+1); row k gives the bonus token when all k were accepted
+    target logits row      0   1   2   3         row i verifies d(i+1); row k gives the bonus
 
-Greedy requests (temperature 0): accept d(i+1) while it equals the target's argmax at row i;
-at the first difference, append the target's argmax instead.  Identical to decoding with the
-target alone, by construction.
-
-Sampling requests, the modified rejection sampling of Leviathan et al. (2023) and Chen et al.
-(2023), with p = target and q = draft distributions after temperature, top-k and top-p (the
-same processing `worker/sampler.py` applies, to both models):
-
-    accept draft d with probability min(1, p(d) / q(d))
-    on the first rejection, sample from  max(p - q, 0) / sum(max(p - q, 0))  and stop
-    if all k are accepted, sample the bonus token from p at row k
-
-Why it is exact: P(output = x) = q(x) min(1, p(x)/q(x)) + P(reject) * max(p(x) - q(x), 0) / Z
-= min(q(x), p(x)) + max(p(x) - q(x), 0) = p(x), since P(reject) = 1 - sum_x min(p, q) = Z.
-
-Each request draws its k uniforms at once, then its last token (an exponential race over its
-distribution, as torch.multinomial draws one sample), from its own generator: the tokens of a
-request do not depend on the batch it runs in.
+Greedy: accept d(i+1) while it equals the target's argmax at row i, then append that argmax.
+Sampling (Leviathan et al. 2023, Chen et al. 2023), p = target, q = draft, both processed as
+`worker/sampler.py` does: accept d with probability min(1, p(d) / q(d)); at the first rejection
+draw from max(p - q, 0) / Z and stop; if all k pass, draw the bonus from p at row k.  Exact:
+P(x) = q(x) min(1, p(x)/q(x)) + P(reject) max(p(x) - q(x), 0) / Z = p(x), as P(reject) = Z.
+Each request draws its k uniforms, then its last token (an exponential race, as multinomial
+draws), from its own generator: its tokens do not depend on its batch.
 """
 
 from __future__ import annotations
@@ -84,7 +71,8 @@ def accept_drafts(
 ) -> list[int]:
     """The sampling rule (module docstring): p (k + 1, V) the target's distributions at the
     verification rows, q (k, V) the draft's for its k tokens -> the 1..k + 1 tokens to append."""
-    num_accepted, last = _accept_sampled([draft_token_ids], p, q, [generator], InputBuffer(p.device, size=0))
+    buffer = InputBuffer(p.device, size=0)
+    num_accepted, last = _accept_sampled([draft_token_ids], p, q, [generator], buffer)
     num_accepted, last = torch.cat([num_accepted, last]).tolist()
     return draft_token_ids[:num_accepted] + [last]
 
@@ -105,7 +93,8 @@ def _accept_sampled(
         [num_drafts, p_starts, request_of, index, token_ids])
     p_rows = p_starts_t[request_of_t] + index_t  # (sum of k,) the row of p that tests each draft
     # 1. Every draft's test: u < min(1, p(d) / q(d)).
-    u = torch.cat([torch.rand(len(d), generator=g, device=p.device) for d, g in zip(drafts, generators)])
+    u = torch.cat([torch.rand(len(d), generator=g, device=p.device)
+                   for d, g in zip(drafts, generators)])  # (sum of k,)
     q_at = q[torch.arange(len(token_ids_t), device=p.device), token_ids_t]
     passed = u < accept_probability(p[p_rows, token_ids_t], q_at)  # (sum of k,)
     # 2. Each request's accepted prefix: up to its first failed test (all k when none failed).
@@ -168,7 +157,7 @@ def rejection_sample_batch(
         read += _accept_sampled([drafts[i].token_ids for i in sampling], p, q,
                                 [generators[i] for i in sampling], buffer)
     read = torch.cat(read).tolist()
-    choices, sampled = read[: starts[-1]], read[starts[-1] :]  # sampled: num_accepted (R,), last (R,)
+    choices, sampled = read[: starts[-1]], read[starts[-1] :]  # then num_accepted (R,), last (R,)
     out = {i: drafts[i].token_ids[:n] + [token]
            for i, n, token in zip(sampling, sampled, sampled[len(sampling) :])}
     return [out[i] if i in out else _greedy_accept(d.token_ids, choices[starts[i] : starts[i + 1]])
