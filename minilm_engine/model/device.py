@@ -4,7 +4,8 @@ Contract: `resolve_device(None)` picks $MINILM_DEVICE if set, else CUDA when pre
 CPU; `resolve_dtype(spec, device)` accepts "auto", a dtype name or alias, or a `torch.dtype`,
 and raises `ValueError` for anything else; bfloat16 asked for on a GPU without it (a T4) warns
 and uses float16.  The policy is `choose_dtype`, a pure function of the compute capability.
-`native_bf16_matmul()` and `cpuinfo_field` say what the CPU can do.
+`native_bf16_matmul()` and `cpuinfo_field` say what the CPU can do; `upload` sends a step's
+small host data to the device without making the host wait.
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if warning is not None:
         warnings.warn(warning, stacklevel=3)
     return resolved
+
+
+def upload(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A small host list or array -> a tensor on `device`, through pinned memory on a GPU, so the
+    host does not wait for the GPU (a copy from pageable memory would); on a CPU, no copy."""
+    tensor = torch.as_tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
 
 
 SMALL_MODEL_PARAMETERS = 50_000_000

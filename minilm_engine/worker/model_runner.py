@@ -34,6 +34,7 @@ from minilm_engine.worker.block_table import BlockTable
 from minilm_engine.worker.input_batch import Chunk, InputBuffer, flatten_chunks
 from minilm_engine.model.attention.kv_cache import PagedKVCache
 from minilm_engine.model import CausalLM
+from minilm_engine.model.device import upload
 from minilm_engine.worker.sampler import gather_logprobs, sample_requests
 from minilm_engine.worker.spec_decode.rejection_sampler import rejection_sample_batch
 from minilm_engine.worker.cuda_graphs import DecodeGraphRunner
@@ -137,7 +138,7 @@ class ModelRunner:
             num_rows = end - s.num_computed_tokens
             logits = self.model.compute_logits(hidden[starts[i] : starts[i] + num_rows])  # (num_rows, V)
             targets = s.request.prompt_token_ids[s.num_computed_tokens + 1 : end + 1]
-            chosen = torch.tensor(targets, dtype=torch.long, device=logits.device)
+            chosen = upload(targets, logits.device, torch.long)
             logprobs = gather_logprobs(torch.log_softmax(logits.float(), dim=-1), chosen, k)
             found[i] = PromptLogprobs(s.num_computed_tokens + 1, logprobs)
         return found

@@ -26,6 +26,7 @@ import torch
 
 from minilm_engine.core.sampling_params import SamplingParams
 from minilm_engine.core.outputs import TokenLogprobs
+from minilm_engine.model.device import upload
 from minilm_engine.worker.structured_output import apply_grammar_bitmask
 
 if TYPE_CHECKING:
@@ -97,25 +98,26 @@ def _put(x: torch.Tensor, rows: list[int], values: torch.Tensor) -> torch.Tensor
 def batched_sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """logits: (S, V) -> (S, V): `sampling_probs` of every row (row i with params[i]), all at
     once, the same float operations per row (the same bits); only rows that ask pay for each."""
-    temperatures = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
+    device = logits.device
+    temperatures = upload([p.temperature for p in params], device, logits.dtype)
     scaled = logits / temperatures[:, None]  # (S, V)
     rows = [i for i, p in enumerate(params) if p.min_p > 0]
     if rows:
-        min_p = torch.tensor([params[i].min_p for i in rows], dtype=logits.dtype, device=logits.device)
+        min_p = upload([params[i].min_p for i in rows], device, logits.dtype)
         some = _take(scaled, rows)  # (R, V)
         probs = torch.softmax(some, dim=-1)
         scaled = _put(scaled, rows, some.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), float("-inf")))
     vocab_size = logits.shape[-1]
     rows = [i for i, p in enumerate(params) if p.top_k and p.top_k < vocab_size]
     if rows:
-        top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)
+        top_k = upload([params[i].top_k for i in rows], device)
         some = _take(scaled, rows)  # (R, V)
         best = torch.topk(some, int(top_k.max()), dim=-1).values  # (R, max k), best first
         kth_best = best.gather(1, top_k[:, None] - 1)  # (R, 1)
         scaled = _put(scaled, rows, some.masked_fill(some < kth_best, float("-inf")))
     rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
     if rows:
-        top_p = torch.tensor([params[i].top_p for i in rows], dtype=logits.dtype, device=logits.device)
+        top_p = upload([params[i].top_p for i in rows], device, logits.dtype)
         some = _take(scaled, rows)  # (R, V)
         sorted_logits, order = torch.sort(some, dim=-1, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
@@ -156,7 +158,7 @@ def sample(
 
 def token_counts(token_ids: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:
     """-> (V,) how often each token id occurs in `token_ids`."""
-    ids = torch.tensor(token_ids, dtype=torch.long, device=device)
+    ids = upload(token_ids, device, torch.long)
     return torch.bincount(ids, minlength=vocab_size)[:vocab_size].to(torch.float32)
 
 
@@ -179,14 +181,14 @@ def apply_penalties(logits: torch.Tensor, prompt_token_ids: list[int], output_to
 
 def apply_logit_bias(logits: torch.Tensor, logit_bias: dict[int, float]) -> torch.Tensor:
     """logits: (V,) -> logits + bias at the biased ids (a new tensor)."""
-    ids = torch.tensor(list(logit_bias), dtype=torch.long, device=logits.device)
-    bias = torch.tensor(list(logit_bias.values()), dtype=logits.dtype, device=logits.device)
+    ids = upload(list(logit_bias), logits.device, torch.long)
+    bias = upload(list(logit_bias.values()), logits.device, logits.dtype)
     return logits.index_add(0, ids, bias)
 
 
 def apply_min_tokens(logits: torch.Tensor, stop_token_ids: list[int]) -> torch.Tensor:
     """logits: (V,) -> -inf at the tokens that would end the request (while it is too short)."""
-    ids = torch.tensor(stop_token_ids, dtype=torch.long, device=logits.device)
+    ids = upload(stop_token_ids, logits.device, torch.long)
     return logits.index_fill(0, ids, float("-inf"))
 
 

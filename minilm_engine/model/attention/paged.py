@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from minilm_engine.model.attention.reference import attention
+from minilm_engine.model.device import upload
 
 
 @dataclass(eq=False)
@@ -196,15 +197,5 @@ def _group(host: HostMetadata, seqs: np.ndarray, block_size: int, num_kv_heads: 
     slots = block_ids * block_size + key_pos % block_size  # (S, L)
     key_rows = slots[:, None, :] * num_kv_heads + np.arange(num_kv_heads)[None, :, None]  # (S, H_kv, L)
     real_queries = np.flatnonzero(np.arange(T)[None, :] < num_queries[:, None])  # of the S * T
-
-    def to_device(array: np.ndarray) -> torch.Tensor:
-        # On a GPU through pinned memory, so the host does not wait; on a CPU, the array itself.
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
-        if device.type == "cuda":
-            tensor = tensor.pin_memory()
-        return tensor.to(device, non_blocking=True)
-
-    return AttentionGroup(
-        to_device(query_rows), to_device(key_rows), to_device(mask), to_device(real_queries),
-        to_device(query_rows.reshape(-1)[real_queries]),
-    )
+    arrays = (query_rows, key_rows, mask, real_queries, query_rows.reshape(-1)[real_queries])
+    return AttentionGroup(*(upload(np.ascontiguousarray(a), device) for a in arrays))
