@@ -58,7 +58,7 @@ def rejection_sample(
     if target_logits.shape[0] != k + 1:
         raise ValueError(f"{k} drafts need {k + 1} rows of target logits, got {target_logits.shape[0]}")
     if params.greedy:
-        return _greedy_accept(draft.token_ids, target_logits.argmax(dim=-1).tolist())
+        return _greedy_verify(draft.token_ids, target_logits)
     if draft.probs is None:
         raise ValueError("a sampling request's drafts need the draft's probabilities")
     p = torch.stack([sampling_probs(row, params) for row in target_logits])  # (k + 1, V)
@@ -107,6 +107,10 @@ def _accept_sampled(
     dist = recovered_distribution(p[rows], q_full[rows])  # (R, V)
     race = torch.stack([torch.empty_like(dist[0]).exponential_(1, generator=g) for g in generators])
     return num_accepted, (dist / race).argmax(dim=-1)
+
+
+def _greedy_verify(draft_token_ids: list[int], target_logits: torch.Tensor) -> list[int]:
+    return _greedy_accept(draft_token_ids, target_logits.argmax(dim=-1).tolist())
 
 
 def _greedy_accept(draft_token_ids: list[int], target_choice: list[int]) -> list[int]:
