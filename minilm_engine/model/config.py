@@ -81,8 +81,9 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, bytes_per_element: int = 2) -> int:
         """KV cache bytes one token occupies: 2 (K and V) x layers x kv heads x head_dim x bytes."""
-        per_layer = 2 * self.num_key_value_heads * self.head_dim  # K and V
-        return self.num_hidden_layers * per_layer * bytes_per_element
+        return (
+            2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * bytes_per_element
+        )
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:

@@ -93,8 +93,10 @@ class DecodeGraphRunner:
         )
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: (B,) -> hidden states (B, hidden_size) of the decode step, a
-        view of the graph's output: read it before the next `run`."""
+        """input_ids, positions: (B,) -> hidden states (B, hidden_size) of the decode step.
+
+        The result is a view of the graph's output: read it before the next `run`.
+        """
         num_seqs = input_ids.shape[0]
         bucket = self.bucket_for(num_seqs)
         self._load(input_ids, positions, meta)

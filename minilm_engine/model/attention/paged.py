@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from minilm_engine.model.attention.reference import attention
-from minilm_engine.model.device import upload
 
 
 @dataclass(eq=False)
@@ -100,11 +99,18 @@ def paged_attention_reference(
     meta: PagedAttentionMetadata,
     plan: ReferencePlan | None = None,
 ) -> torch.Tensor:
-    """q: (N, H, D) flattened queries -> (N, H, D), each sequence over its own cached tokens,
-    in at most two batched calls (decodes; prompt chunks), each padded to its longest query and
-    context, as `plan` (from `plan_reference_attention`; None: planned now) says."""
+    """q: (N, H, D) flattened queries -> (N, H, D), each sequence over its own cached tokens.
+
+    Sequences are attended in at most two batched calls, decodes (one query each) and prompt
+    chunks (several), each padded to its longest query and context (`AttentionGroup`).  Which
+    rows and slots those are is `plan` (`plan_reference_attention(meta, ...)`): the engine's
+    backend builds it once per step, before the first layer, and every layer passes it in, so a
+    layer only gathers, multiplies and writes back.  Without one (a one-off call) it is planned
+    here.
+    """
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    # One row of D numbers per (slot, K/V head): one gather gives a group's (S, H_kv, L, D) keys.
+    # One row of D numbers per (slot, K/V head): a group's keys come out of one gather already
+    # laid out (S, H_kv, L, D), as the matmuls want them.
     k_rows, v_rows = k_cache.view(-1, head_dim), v_cache.view(-1, head_dim)
     if plan is None:
         plan = plan_reference_attention(meta, k_cache.shape[1], num_kv_heads)
@@ -170,8 +176,12 @@ class ReferencePlan:
 
 
 def plan_reference_attention(meta: PagedAttentionMetadata, block_size: int, num_kv_heads: int) -> ReferencePlan:
-    """Split a step's sequences into a decode group and a chunk group and build their indices,
-    with numpy from the host copies (`meta.on_host()`): nothing read back from the device."""
+    """Split a step's sequences into a decode group and a chunk group and build their indices.
+
+    Built on the host, with numpy (a few microseconds an operation, where a small torch op
+    costs several times that), from the step's host copies (`meta.on_host()`): nothing is read
+    back from the device, and nothing is planned per layer.
+    """
     host = meta.on_host()
     num_queries = host.num_queries  # (S,)
     decodes, chunks = np.flatnonzero(num_queries == 1), np.flatnonzero(num_queries > 1)
@@ -197,5 +207,16 @@ def _group(host: HostMetadata, seqs: np.ndarray, block_size: int, num_kv_heads: 
     slots = block_ids * block_size + key_pos % block_size  # (S, L)
     key_rows = slots[:, None, :] * num_kv_heads + np.arange(num_kv_heads)[None, :, None]  # (S, H_kv, L)
     real_queries = np.flatnonzero(np.arange(T)[None, :] < num_queries[:, None])  # of the S * T
-    arrays = (query_rows, key_rows, mask, real_queries, query_rows.reshape(-1)[real_queries])
-    return AttentionGroup(*(upload(np.ascontiguousarray(a), device) for a in arrays))
+
+    def to_device(array: np.ndarray) -> torch.Tensor:
+        # On a GPU through pinned memory, without waiting: a copy from ordinary (pageable)
+        # memory makes the host wait for the GPU.  On a CPU, the numpy array itself.
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if device.type == "cuda":
+            tensor = tensor.pin_memory()
+        return tensor.to(device, non_blocking=True)
+
+    return AttentionGroup(
+        to_device(query_rows), to_device(key_rows), to_device(mask), to_device(real_queries),
+        to_device(query_rows.reshape(-1)[real_queries]),
+    )

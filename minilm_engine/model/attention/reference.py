@@ -22,14 +22,21 @@ class AttentionContext(Protocol):
         ...
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
-    """Masked multi-head attention where H_kv key/value heads serve H query heads: q (B, H, T, D),
-    k and v (B, H_kv, S, D), mask (B, T, S) bool, True where query t may see key s
-    -> (B, H, T, D)."""
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Masked multi-head attention where H_kv key/value heads serve H query heads.
+
+    q: (B, H, T, D)      the queries of this step's T tokens
+    k, v: (B, H_kv, S, D) every key/value the queries may look at (S >= T)
+    mask: (B, T, S) bool, True where query t may attend to key s
+    returns (B, H, T, D)
+    """
     B, num_heads, T, D = q.shape
     num_kv_heads, S = k.shape[1], k.shape[2]
-    # Grouped-query attention: query head h uses K/V head h // group.  Folding each group's
-    # queries into one matrix reads every K/V head once, without copying it.
+    # Grouped-query attention: each K/V head serves a group of query heads (query head h uses
+    # K/V head h // group).  Folding each group's queries into one matrix lets every K/V head
+    # be read once, without copying it `group` times.
     group = num_heads // num_kv_heads
     q = q.reshape(B, num_kv_heads, group * T, D)  # rows: (query head in group, token)
     scores = (q @ k.transpose(-1, -2)) * D**-0.5  # (B, H_kv, group * T, S)
