@@ -328,9 +328,9 @@ def test_every_architecture_generates_quantized_fast_equals_reference(checkpoint
     # Hidden states of a whole forward agree tightly too.
     from minilm_engine.course.baselines.contiguous_cache import NoKVCache
 
-    ids = torch.tensor([reference.tokenizer.encode(prompts[2])])
-    positions = torch.arange(ids.shape[1])[None]
-    valid = torch.ones_like(ids, dtype=torch.bool)
+    ids = torch.tensor(reference.tokenizer.encode(prompts[2]))  # (T,)
+    positions = torch.arange(len(ids))
+    valid = torch.ones(1, len(ids), dtype=torch.bool)
     with torch.no_grad():
         a = reference.model(ids, positions, NoKVCache(valid))
         b = fast.model(ids, positions, NoKVCache(valid))

@@ -161,16 +161,16 @@ class FusedAttention(nn.Module):
             [q_norm] * self.num_heads + [k_norm] * self.num_kv_heads)
 
     def forward(self, x, cos, sin, attn) -> torch.Tensor:
-        B, T, _ = x.shape
-        qkv = self.qkv_proj(x)  # (B, T, (H + 2 H_kv) D)
-        qk = qkv[..., : self.qk_dim].view(B, T, self.num_heads + self.num_kv_heads, self.head_dim)
-        v = qkv[..., self.qk_dim :].view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)  # (N, (H + 2 H_kv) D)
+        qk = qkv[:, : self.qk_dim].view(num_tokens, -1, self.head_dim)  # (N, H + H_kv, D)
+        v = qkv[:, self.qk_dim :].view(num_tokens, self.num_kv_heads, self.head_dim)  # (N, H_kv, D)
         if self.qk_norm is not None:
             qk = self.qk_norm(qk)
-        qk = apply_rotary(qk, cos, sin)  # (B, T, H + H_kv, D)
-        q, k = qk[:, :, : self.num_heads], qk[:, :, self.num_heads :]
-        out = attn.attend(self.layer_idx, q, k, v)  # (B, T, H, D)
-        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+        qk = apply_rotary(qk, cos, sin)  # (N, H + H_kv, D)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        out = attn.attend(self.layer_idx, q, k, v)  # (N, H, D)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
 class FusedMLP(nn.Module):

@@ -98,10 +98,9 @@ def collect_inputs(model: nn.Module, windows: list[torch.Tensor]) -> dict[str, t
     handles = [layer.register_forward_pre_hook(hook(name)) for name, layer in layers.items()]
     try:
         for window in windows:
-            ids = window[None].to(model.device)  # (1, T)
-            positions = torch.arange(ids.shape[1], device=model.device)[None]
-            valid = torch.ones_like(ids, dtype=torch.bool)
-            model(ids, positions, NoKVCache(valid))
+            ids = window.to(model.device)  # (T,)
+            positions = torch.arange(len(ids), device=model.device)
+            model(ids, positions, NoKVCache(torch.ones(1, len(ids), dtype=torch.bool)))
             position[0] += len(window)
     finally:
         for handle in handles:
