@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from common import QUICK_OVERRIDES, QWEN3_0_6B, add_threads_option, apply_threads_option
@@ -60,8 +61,11 @@ def timed(name: str, fn):
 def instrument(llm: LLM) -> None:
     """Wrap every leaf of the decode step in a `record_function` range named after its category."""
     for module in llm.model.modules():
-        if isinstance(module, (decoder.RMSNorm, fused_cpu.HeadwiseRMSNorm)):
+        if isinstance(module, (decoder.RMSNorm, fused_cpu.HeadwiseRMSNorm, fused_cpu.KernelRMSNorm)):
             module.forward = timed("norms", module.forward)
+        elif isinstance(module, fused_cpu.FusedAttention) and module.ops is not None:
+            # q and k's norm and rotation, one kernel call: counted as rotary
+            module.ops = SimpleNamespace(norm_rotary_=timed("rotary", module.ops.norm_rotary_))
         elif isinstance(module, (torch.nn.Linear, fused_cpu.FusedLinear, fused_cpu.MatVecHead, QuantizedLinear)):
             module.forward = timed("matmul", module.forward)  # (a QuantizedGroup only calls these)
     attention_context.PagedAttention.attend = timed("attention", attention_context.PagedAttention.attend)

@@ -167,7 +167,10 @@ def test_cpu_kernel_equals_the_reference_around_its_threshold(config, native_bf1
     many_rows = kernel._many_rows
     monkeypatch.setattr(kernel, "_many_rows", lambda layer, x: calls.append(x.shape[0]) or many_rows(layer, x))
     most = cpu.microkernel_max_rows(config.scheme, torch.bfloat16)
-    if native_bf16:  # measured there: int8's micro-kernel up to 16 rows, int4's operator always
+    bf16_dot = kernel.micro is not None and kernel.micro.bf16_dot()
+    if native_bf16 and bf16_dot:  # the kernel multiplies on bf16 dot products: up to 64 rows
+        assert most == cpu.BF16_DOT_MAX_ROWS
+    elif native_bf16:  # measured there: int8's micro-kernel up to 16 rows, int4's operator always
         assert most == {"int8": 16, "int4": 0}[config.scheme]
     else:
         assert most == (None if config.scheme == "int8" else cpu.MICROKERNEL_MAX_ROWS)

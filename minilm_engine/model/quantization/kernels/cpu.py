@@ -89,25 +89,23 @@ def tile_int8(codes: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, INT8_TILE_ROWS, K).transpose(1, 2).contiguous()
 
 
-NATIVE_BF16_MAX_ROWS = {"int8": 16, "int4": 0}  # bf16 activations where oneDNN has native bf16
+NATIVE_BF16_MAX_ROWS = {"int8": 16, "int4": 0}  # bf16 x, native bf16 matmuls, fp32 micro-kernel
+BF16_DOT_MAX_ROWS = 64  # bf16 x on a micro-kernel built with bf16 dot products (AVX512_BF16)
 
 
 def microkernel_max_rows(scheme: str, dtype: torch.dtype) -> int | None:
     """Up to how many rows of x the micro-kernel runs (None: any number; 0: none), else torch's
     operators up to their threshold, then dequantize + BLAS.
 
-    The micro-kernel converts each weight once per 6 rows of x and multiplies in fp32, so its
-    cost grows with the rows like an fp32 matmul's; BLAS, after one dequantization, runs at its
-    own peak.  Measured with `benchmarks/quantization_kernels.py` on a 2-core AVX2 CPU, 3072 x
-    1024 layer: int8 codes convert in two instructions, and the micro-kernel still beats fp32
-    BLAS at 512 rows; int4 nibbles cost twice that and lose to dequantize + BLAS past ~64-128
-    rows.  Where bf16 matmul is native (AVX-512 BF16, AMX) the bf16 dot products run at twice
-    the fp32 rate, and `benchmarks/roofline.py` (Qwen3-0.6B shape, 2026-12-04, a 2-core AVX-512
-    + bf16 EPYC, whole decode steps) measured: int8 micro-kernel 132 ms vs dequantize + BLAS
-    175 ms at 16 rows, 233 vs 203 ms at 32 (so 16 rows); torch's int4 operator faster than the
-    micro-kernel at every B from 1 to 64 (41 vs 47 ms at 1 row, 247 vs 284 at 32), so none."""
+    Measured on Qwen3-0.6B-shaped layers and whole decode steps (`benchmarks/quantization_kernels.py`,
+    `benchmarks/roofline.py`; docs/BENCHMARKS.md has the tables).  A micro-kernel multiplying in
+    fp32 grows with the rows like an fp32 matmul: on a 2-core AVX2 CPU it still beats fp32 BLAS
+    at 512 rows for int8, while int4's nibbles lose to dequantize + BLAS past ~64 rows.  Where
+    bf16 matmuls are native they run at twice the fp32 rate, so the fp32 kernel keeps int8 to 16
+    rows and int4 to none; the kernel's bf16 dot-product build (`bf16_dot()`) keeps both to 64."""
     if dtype == torch.bfloat16 and native_bf16_matmul():
-        return NATIVE_BF16_MAX_ROWS[scheme]
+        micro = cpu_compiled.load()
+        return BF16_DOT_MAX_ROWS if micro is not None and micro.bf16_dot() else NATIVE_BF16_MAX_ROWS[scheme]
     return None if scheme == "int8" else MICROKERNEL_MAX_ROWS
 
 
