@@ -77,12 +77,16 @@ def instrument(llm: LLM) -> None:
 def profile_steps(llm: LLM, num_steps: int, prompt_tokens: int) -> dict:
     """ms per step of each category and of the whole step, over `num_steps` decode steps."""
     engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=num_steps + 2, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=2 * num_steps + 2, ignore_eos=True)
     vocab = llm.config.vocab_size
     engine.add_request("profiled", {"prompt_token_ids": [(31 * j) % (vocab - 10) + 10 for j in range(prompt_tokens)]},
                        params)
     engine.step()  # the prefill, not profiled
     engine.step()  # one decode step, to warm up
+    start = time.perf_counter()
+    for _ in range(num_steps):  # the same steps without the profiler (which slows small ops)
+        engine.step()
+    plain_ms = (time.perf_counter() - start) * 1e3 / num_steps
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(num_steps):
@@ -95,7 +99,7 @@ def profile_steps(llm: LLM, num_steps: int, prompt_tokens: int) -> dict:
         if event.key.startswith("step::"):
             totals[event.key.removeprefix("step::")] += event.cpu_time_total / 1e3 / num_steps
     totals["other"] = wall_ms - sum(totals.values())
-    return {"step_ms": wall_ms, **totals}
+    return {"unprofiled_ms": plain_ms, "step_ms": wall_ms, **totals}
 
 
 def main(argv=None) -> int:
@@ -129,7 +133,7 @@ def main(argv=None) -> int:
           f"{args.dtype}, quantization {args.quantization}; {torch.get_num_threads()} torch threads; "
           f"{args.steps} steps x {args.repeats} repeats, median [min-max] ms per step")
     step = statistics.median(r["step_ms"] for r in runs)
-    for key in ("step_ms", *CATEGORIES, "other"):
+    for key in ("unprofiled_ms", "step_ms", *CATEGORIES, "other"):
         values = [r[key] for r in runs]
         med = statistics.median(values)
         print(f"   {key:10} {med:8.2f} [{min(values):.2f}-{max(values):.2f}]  {med / step:6.1%}")

@@ -47,14 +47,11 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class FusedLinear(nn.Module):
-    """y = x W^T + b for one or more `nn.Linear`s of the same input, concatenated along their
-    outputs, as one matmul.  Inference only (no gradient flows).
-
-    With the micro-kernel (`micro`, the compiled module) the weight is one plain (N, K) matrix
-    that the kernel reads below the measured row crossover and `F.linear` above it.  Without
-    it, bf16 weights are packed into oneDNN's blocked layout (opaque: no storage a caller can
-    read; `packed` is True) and fp32 ones stay plain for `F.linear` (packing measured ~7% slower
-    there).  `num_weight_bytes` says what it holds (bias included), for `LLM.weight_bytes`."""
+    """y = x W^T + b for `nn.Linear`s of the same input, their outputs side by side, as one
+    matmul (inference only).  With the micro-kernel (`micro`) the weight is one plain (N, K)
+    matrix (`DenseMatmul`); without it bf16 weights are packed for oneDNN (opaque; `packed`) and
+    fp32 ones stay plain for `F.linear` (packing was ~7% slower there).  `num_weight_bytes`
+    (bias included) is for `LLM.weight_bytes`."""
 
     def __init__(self, linears: list[nn.Linear], micro=None):
         super().__init__()
@@ -76,13 +73,9 @@ class FusedLinear(nn.Module):
 
 
 class QuantizedGroup(nn.Module):
-    """Several quantized projections of the same input (`QuantizedLinear`s: int8 or int4 codes
-    in their kernel's layout, the CPU micro-kernel's after `prepare`), their outputs side by
-    side: what `FusedLinear` is for plain weights.  Each keeps its codes and its kernel, so each
-    output has the bits the readable quantized model computes.  The projections are held in a
-    plain list, not registered here: the fused modules register them under their checkpoint
-    names (`self_attn.q_proj`, ...), so state_dict names, `save_quantized` and
-    `quantization.weight_bytes` see the model they loaded."""
+    """`QuantizedLinear`s of the same input, their outputs side by side (each on its own kernel,
+    so the readable quantized model's bits).  Held in a plain list: the fused modules register
+    them under their checkpoint names, so state_dict names and `weight_bytes` stay."""
 
     def __init__(self, linears: list[nn.Module]):
         super().__init__()
@@ -227,15 +220,11 @@ def fused_unavailable(model: CausalLM) -> str | None:
 
 @torch.no_grad()
 def fuse_for_cpu(model: CausalLM, microkernel: bool | None = None) -> CausalLM:
-    """Swap every layer's attention and MLP for the fused modules, and the head for `MatVecHead`,
-    in place.  The old projection weights are dropped (the fused copies replace them).
-
-    `microkernel`: None (the default) runs the micro-kernel on the head and on every projection,
-    except bf16 projections where oneDNN multiplies bf16 natively: there they keep oneDNN's
-    packed copy, because above the crossover the packed matmul was ~1.25x faster than torch's
-    on the plain weight the kernel reads (a Qwen3-0.6B step at B = 4..16 on an AVX512_BF16 CPU),
-    and one copy cannot be both.  True: the kernel everywhere (the tests); False: nowhere (the
-    benchmarks' "before").  Without a built kernel it says why and runs torch's matmuls."""
+    """Swap, in place, every layer's attention, MLP and norms for the fused modules and the head
+    for `MatVecHead` (the old projection weights are dropped).  `microkernel`: None (the default)
+    the kernel everywhere except bf16 projections where oneDNN has native bf16 (its packed copy
+    was ~1.25x faster above the crossover, Qwen3-0.6B at B = 4..16); True: everywhere (the
+    tests); False: nowhere (the benchmarks' "before")."""
     micro = None if microkernel is False else cpu_compiled.load()
     if micro is None and microkernel is not False:
         warnings.warn(f"fused CPU path without the micro-kernel ({cpu_compiled.unavailable_reason()}): "
@@ -282,6 +271,5 @@ def apply_model_backend(model: CausalLM, backend: str, warn: bool = True) -> str
 
 
 def fused_weight_bytes(model: nn.Module) -> int:
-    """Bytes held in fused weights (not parameters, and packed ones are opaque: invisible to
-    `quantization.weight_bytes`)."""
+    """Bytes held in fused weights (not parameters: invisible to `quantization.weight_bytes`)."""
     return sum(m.num_weight_bytes for m in model.modules() if isinstance(m, FusedLinear))
