@@ -73,14 +73,9 @@ BF16_DOT_MAX_ROWS = 64  # bf16 x on a micro-kernel built with bf16 dot products 
 
 def microkernel_max_rows(scheme: str, dtype: torch.dtype) -> int | None:
     """Up to how many rows of x the micro-kernel runs (None: any number; 0: none), else torch's
-    operators up to their threshold, then dequantize + BLAS.
-
-    Measured on Qwen3-0.6B-shaped layers and whole decode steps (`benchmarks/quantization_kernels.py`,
-    `benchmarks/roofline.py`; docs/BENCHMARKS.md has the tables).  A micro-kernel multiplying in
-    fp32 grows with the rows like an fp32 matmul: on a 2-core AVX2 CPU it still beats fp32 BLAS
-    at 512 rows for int8, while int4's nibbles lose to dequantize + BLAS past ~64 rows.  Where
-    bf16 matmuls are native they run at twice the fp32 rate, so the fp32 kernel keeps int8 to 16
-    rows and int4 to none; the kernel's bf16 dot-product build (`bf16_dot()`) keeps both to 64."""
+    operators up to their threshold, then dequantize + BLAS.  Measured (docs/BENCHMARKS.md): the
+    fp32-multiplying kernel grows like an fp32 matmul, so where bf16 matmuls are native (twice
+    the fp32 rate) it keeps int8 to 16 rows and int4 to none; its bf16-dot build keeps both."""
     if dtype == torch.bfloat16 and native_bf16_matmul():
         micro = cpu_compiled.load()
         return BF16_DOT_MAX_ROWS if micro is not None and micro.bf16_dot() else NATIVE_BF16_MAX_ROWS[scheme]
@@ -88,11 +83,9 @@ def microkernel_max_rows(scheme: str, dtype: torch.dtype) -> int | None:
 
 
 def unavailable_reason() -> str | None:
-    missing = [
-        name
-        for name in ("_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu")
-        if not hasattr(torch.ops.aten, name)
-    ]
+    names = ("_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu",
+             "_convert_weight_to_int4pack_for_cpu")
+    missing = [name for name in names if not hasattr(torch.ops.aten, name)]
     if missing:
         return f"this torch ({torch.__version__}) lacks the CPU operators {missing}"
     return None
@@ -143,11 +136,10 @@ def learn_int4_layout(codes: torch.Tensor, packed: torch.Tensor) -> Int4Layout |
 
 
 class CPUKernel:
-    """Holds one scratch buffer (grown on demand, reused by every layer) for the many-row path.
+    """Holds the scratch buffers (grown on demand, shared by every layer) of the many-row path.
     Invariant after `prepare`: an int8 layer holds `cpu_qweight` tiles (micro-kernel) or its
-    canonical `qweight` (operators), and its `scales`; an int4 layer holds
-    only `cpu_qweight` (N_padded, K_padded / 2) and `cpu_scales_and_zeros` (G, N_padded, 2),
-    with `layer.cpu_int4_layout` the packing learned from the operator (None: an unknown one)."""
+    canonical `qweight` (operators), and `scales`; an int4 layer only `cpu_qweight` (N_padded,
+    K_padded / 2), `cpu_scales_and_zeros` (G, N_padded, 2) and `cpu_int4_layout` (None: unknown)."""
 
     name = "cpu"
 
