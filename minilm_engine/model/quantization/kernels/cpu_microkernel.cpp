@@ -275,40 +275,46 @@ void int8_matmul_bf16(const at::BFloat16* x, int64_t M, int64_t K, const int8_t*
   });
 }
 
-// One micro-tile of 16 rows (bytes [d0, d0 + 16) of a torch tile, the low or the high nibble).
+// Bytes [d0, d0 + 16) of a torch tile: 16 rows from the low nibbles (n0 ..) and 16 from the
+// high ones (n0 + half ..), each byte loaded and widened once for both.
 template <int mb, typename S>
 void int4_block_bf16(const uint32_t* xp, const float* xsum, int64_t K, int64_t G, int64_t group_size,
-                     const uint8_t* tile, int64_t half, int64_t d0, int shift,
+                     const uint8_t* tile, int64_t half, int64_t d0,
                      const S* scales_and_zeros, int64_t N_padded, int64_t n0, int64_t N, at::BFloat16* y) {
   const int64_t K2 = (K + 1) / 2;
   const __m512i mask = _mm512_set1_epi16(0x000F), bias = _mm512_set1_epi16(0x4300);
-  const __m128i count = _mm_cvtsi32_si128(shift);
-  float out[mb][ROWS] = {};
+  float out[2][mb][ROWS] = {};
   for (int64_t g = 0; g < G; ++g) {
-    __m512 acc[mb];
-    for (int m = 0; m < mb; ++m) acc[m] = _mm512_setzero_ps();
+    __m512 lo_acc[mb], hi_acc[mb];
+    for (int m = 0; m < mb; ++m) lo_acc[m] = hi_acc[m] = _mm512_setzero_ps();
     const int64_t j_end = std::min(K2, (g + 1) * group_size / 2);
     for (int64_t j = g * group_size / 2; j < j_end; ++j) {  // inputs 2j, 2j + 1 (within K_padded)
       const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + 2 * j * half + d0));
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + (2 * j + 1) * half + d0));
-      const __m256i ab = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
-      const __m512i u = _mm512_srl_epi16(_mm512_cvtepu8_epi16(ab), count);
-      const __m512bh w = (__m512bh)_mm512_ternarylogic_epi32(u, mask, bias, 0xEA);  // (u & 0xF) | 0x4300
-      for (int m = 0; m < mb; ++m)
-        acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[m * K2 + j])), w);
-    }
-    for (int m = 0; m < mb; ++m) {
-      alignas(64) float sums[ROWS];
-      _mm512_store_ps(sums, acc[m]);
-      for (int i = 0; i < ROWS; ++i) {
-        const S* sz = scales_and_zeros + (g * N_padded + n0 + i) * 2;
-        const float scale = as_float(sz[0]), offset = as_float(sz[1]) - 8.0f * scale;
-        out[m][i] += scale * sums[i] + (offset - 128.0f * scale) * xsum[m * G + g];
+      // 16-bit lanes 2i, 2i + 1: row i's bytes at inputs 2j and 2j + 1
+      const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+      const __m512bh lo = (__m512bh)_mm512_ternarylogic_epi32(bytes, mask, bias, 0xEA);  // (u & 0xF) | 0x4300
+      const __m512bh hi = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(bytes, 4), mask, bias, 0xEA);
+      for (int m = 0; m < mb; ++m) {
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[m * K2 + j]));
+        lo_acc[m] = _mm512_dpbf16_ps(lo_acc[m], xv, lo);
+        hi_acc[m] = _mm512_dpbf16_ps(hi_acc[m], xv, hi);
       }
     }
+    for (int h = 0; h < 2; ++h)
+      for (int m = 0; m < mb; ++m) {
+        alignas(64) float sums[ROWS];
+        _mm512_store_ps(sums, h ? hi_acc[m] : lo_acc[m]);
+        for (int i = 0; i < ROWS; ++i) {
+          const S* sz = scales_and_zeros + (g * N_padded + n0 + h * half + i) * 2;
+          const float scale = as_float(sz[0]), offset = as_float(sz[1]) - 8.0f * scale;
+          out[h][m][i] += scale * sums[i] + (offset - 128.0f * scale) * xsum[m * G + g];
+        }
+      }
   }
-  for (int m = 0; m < mb; ++m)
-    for (int i = 0; i < ROWS && n0 + i < N; ++i) y[m * N + n0 + i] = at::BFloat16(out[m][i]);
+  for (int h = 0; h < 2; ++h)
+    for (int m = 0; m < mb; ++m)
+      for (int i = 0; i < ROWS && n0 + h * half + i < N; ++i) y[m * N + n0 + h * half + i] = at::BFloat16(out[h][m][i]);
 }
 
 template <typename S>
@@ -320,18 +326,16 @@ void int4_matmul_bf16(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) xsum[m * G + k / group_size] += as_float(x[m * K + k]);
   const int64_t half = block_n / 2, K_padded = G * group_size, K2 = (K + 1) / 2;
-  const int64_t micro_tiles = N_padded / ROWS, per_tile = block_n / ROWS;
-  at::parallel_for(0, micro_tiles, 1, [&](int64_t u0, int64_t u1) {
+  const int64_t per_tile = half / ROWS, blocks = N_padded / block_n * per_tile;
+  at::parallel_for(0, blocks, 1, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
-      const int64_t t = u / per_tile, j = u % per_tile;
-      const int shift = (j * ROWS >= half) ? 4 : 0;
-      const int64_t d0 = (j * ROWS) % half;
-      const int64_t n0 = t * block_n + (shift ? half : 0) + d0;
+      const int64_t t = u / per_tile, d0 = (u % per_tile) * ROWS;
+      const int64_t n0 = t * block_n + d0;  // the low nibbles' first row; the high ones' is n0 + half
       if (n0 >= N) continue;
       const uint8_t* tile = packed + t * K_padded * half;
       for (int64_t m0 = 0; m0 < M; m0 += MBH) {
 #define MINILM_INT4_BF16(n) int4_block_bf16<n>(xp.data() + m0 * K2, xsum.data() + m0 * G, K, G, group_size, tile, \
-                                               half, d0, shift, scales_and_zeros, N_padded, n0, N, y + m0 * N)
+                                               half, d0, scales_and_zeros, N_padded, n0, N, y + m0 * N)
         MINILM_ROW_CASES(MINILM_INT4_BF16)
 #undef MINILM_INT4_BF16
       }
