@@ -7,14 +7,14 @@ wrapped in a named `record_function` range:
 
     matmul     every projection and the LM head (FusedLinear / nn.Linear / quantized linears / MatVecHead)
     attention  the paged KV write and attention (`PagedAttention.attend`)
-    norms      every RMSNorm (per layer, q/k norms, the final one)
-    rotary     `apply_rotary` on q and k
+    norms      every RMSNorm (per layer, q/k norms, the final one; the micro-kernel's `rms_norm`)
+    rotary     `apply_rotary` on q and k, or the micro-kernel's `norm_rotary_` (q/k norm + rotary)
     sampling   `sampler.sample` (greedy: an argmax)
     other      the step's wall time minus all of the above: the SwiGLU's silu * up, the residual
                adds, views, the scheduler, building the step's metadata, and Python between ops
 
 A category is the inclusive CPU time of its ranges, per step (the ranges never nest: each wraps
-a leaf).  The wrappers add a few microseconds per range (~10 ranges a layer), so "other" is a
+a leaf); `unprofiled_ms` times the same number of steps just before, without the profiler.  The wrappers add a few microseconds per range (~10 ranges a layer), so "other" is a
 slight overestimate of what Python costs without them.
 
     python benchmarks/cpu_step_profile.py --threads 2                          # fused, bf16
