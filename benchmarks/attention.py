@@ -64,7 +64,7 @@ def step(model, cache, meta: PagedAttentionMetadata, backend) -> None:
     positions = torch.from_numpy(np.concatenate(
         [np.arange(c - q, c) for q, c in zip(host.num_queries, host.context_lens)]))
     ids = torch.randint(0, model.config.vocab_size, positions.shape)
-    hidden = model(ids[None], positions[None], PagedAttention(cache, meta, backend))[0]  # (N, hidden)
+    hidden = model(ids, positions, PagedAttention(cache, meta, backend))  # (N, hidden)
     model.compute_logits(hidden[torch.from_numpy(host.query_start_loc[1:] - 1)])
 
 

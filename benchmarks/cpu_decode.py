@@ -76,6 +76,8 @@ def parse_args(argv=None):
     parser.add_argument("--quantized", default="int8,int4",
                         help="the engine's weight-only schemes timed at batch 1 (bf16 activations); '' for none")
     parser.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even where it is installed")
+    parser.add_argument("--llama-pairs-only", action="store_true",
+                        help="only part 3's systems (fused bf16, the quantized engines, llama.cpp): minutes less")
     parser.add_argument("--llama-cpp-source", default=None,
                         help="a llama.cpp checkout holding convert_hf_to_gguf.py (default: $LLAMA_CPP_SOURCE, "
                              "else the installed llama-cpp-python's sdist, fetched with pip download)")
@@ -334,19 +336,22 @@ def main(argv=None) -> int:
         gc.collect()
         max_batch = max([1, *batch_sizes])
         common = dict(num_tokens=num_tokens, prompt_tokens=args.prompt_tokens)
+        pairs_only = args.llama_pairs_only
+        if pairs_only:
+            batch_sizes = []
+        engines = [("bf16", "fused")] if pairs_only else [(d, b) for d in DTYPES for b in ("reference", "fused")]
         systems = [engine_system(folder, d, f"minilm-engine {backend}, {d}", max_batch=max_batch,
-                                 model_backend=backend, **common)
-                   for d in DTYPES for backend in ("reference", "fused")]
+                                 model_backend=backend, **common) for d, backend in engines]
         systems += [engine_system(folder, "bf16", f"minilm-engine {scheme}, bf16", max_batch=1,
                                   quantization=scheme, quantization_config={"lm_head": True}, **common)
                     for scheme in args.quantized.split(",") if scheme]
-        systems += [transformers_system(folder, d, **common) for d in DTYPES]
+        systems += [] if pairs_only else [transformers_system(folder, d, **common) for d in DTYPES]
         systems += llama_systems(args, folder, Path(tmp), num_tokens, fields["vocab_size"], results)
-        systems += [chef_system(backend, **common) for backend in ("reference", "fused")]
+        systems += [] if pairs_only else [chef_system(backend, **common) for backend in ("reference", "fused")]
         print(f"checkpoint written, {len(systems)} systems loaded and warmed up in {time.perf_counter() - t0:.1f} s",
               flush=True)
         floor_bytes = {s.dtype: s.bytes_per_step for s in systems
-                       if s.kind == "minilm-engine" and s.backend == "reference" and not s.batch1_only}
+                       if s.kind == "minilm-engine" and not s.batch1_only}  # reference and fused read the same
         results["model_backends"] = {s.label: s.backend for s in systems if s.kind in ("minilm-engine", "chef")}
 
         print(f"\n{results['model']}; {results['cpu']}; torch {torch.__version__}")
@@ -361,8 +366,9 @@ def main(argv=None) -> int:
               + ", ".join(f"{d} {f['bytes_per_step'] / 1e6:,.0f} MB a step -> {f['ms']:.1f} ms "
                           f"({1e3 / f['ms']:.1f} tok/s)" for d, f in results["floor"].items()))
 
-        print("\n1. batch-1 decode")
-        results["batch1"] = batch1_table(systems, runs, floor_bytes)
+        if not pairs_only:
+            print("\n1. batch-1 decode")
+            results["batch1"] = batch1_table(systems, runs, floor_bytes)
         if batch_sizes:
             print(f"\n2. decode at batch {' and '.join(map(str, batch_sizes))}, bf16 (tokens/s of the whole batch)")
             results["batches"] = batch_table(systems, runs, batch_sizes)
@@ -371,8 +377,9 @@ def main(argv=None) -> int:
         else:
             print("\n3. llama.cpp (llama-cpp-python) against the engine at the same precision, batch 1")
             results["llama_cpp"]["table"] = llama_table(runs, {s.label for s in systems})
-        print(f"\n4. the shipped noodle-chef (fp32) at batch 1 against its own floor ({CHEF})")
-        results["chef"] = chef_table(systems, runs)
+        if not pairs_only:
+            print(f"\n4. the shipped noodle-chef (fp32) at batch 1 against its own floor ({CHEF})")
+            results["chef"] = chef_table(systems, runs)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

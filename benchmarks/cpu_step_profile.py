@@ -7,14 +7,14 @@ wrapped in a named `record_function` range:
 
     matmul     every projection and the LM head (FusedLinear / nn.Linear / quantized linears / MatVecHead)
     attention  the paged KV write and attention (`PagedAttention.attend`)
-    norms      every RMSNorm (per layer, q/k norms, the final one)
-    rotary     `apply_rotary` on q and k
+    norms      every RMSNorm (per layer, q/k norms, the final one; the micro-kernel's `rms_norm`)
+    rotary     `apply_rotary` on q and k, or the micro-kernel's `norm_rotary_` (q/k norm + rotary)
     sampling   `sampler.sample` (greedy: an argmax)
     other      the step's wall time minus all of the above: the SwiGLU's silu * up, the residual
                adds, views, the scheduler, building the step's metadata, and Python between ops
 
 A category is the inclusive CPU time of its ranges, per step (the ranges never nest: each wraps
-a leaf).  The wrappers add a few microseconds per range (~10 ranges a layer), so "other" is a
+a leaf); `unprofiled_ms` times the same number of steps just before, without the profiler.  The wrappers add a few microseconds per range (~10 ranges a layer), so "other" is a
 slight overestimate of what Python costs without them.
 
     python benchmarks/cpu_step_profile.py --threads 2                          # fused, bf16
@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from common import QUICK_OVERRIDES, QWEN3_0_6B, add_threads_option, apply_threads_option
@@ -60,8 +61,11 @@ def timed(name: str, fn):
 def instrument(llm: LLM) -> None:
     """Wrap every leaf of the decode step in a `record_function` range named after its category."""
     for module in llm.model.modules():
-        if isinstance(module, (decoder.RMSNorm, fused_cpu.HeadwiseRMSNorm)):
+        if isinstance(module, (decoder.RMSNorm, fused_cpu.HeadwiseRMSNorm, fused_cpu.KernelRMSNorm)):
             module.forward = timed("norms", module.forward)
+        elif isinstance(module, fused_cpu.FusedAttention) and module.ops is not None:
+            # q and k's norm and rotation, one kernel call: counted as rotary
+            module.ops = SimpleNamespace(norm_rotary_=timed("rotary", module.ops.norm_rotary_))
         elif isinstance(module, (torch.nn.Linear, fused_cpu.FusedLinear, fused_cpu.MatVecHead, QuantizedLinear)):
             module.forward = timed("matmul", module.forward)  # (a QuantizedGroup only calls these)
     attention_context.PagedAttention.attend = timed("attention", attention_context.PagedAttention.attend)
@@ -73,12 +77,16 @@ def instrument(llm: LLM) -> None:
 def profile_steps(llm: LLM, num_steps: int, prompt_tokens: int) -> dict:
     """ms per step of each category and of the whole step, over `num_steps` decode steps."""
     engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=num_steps + 2, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=2 * num_steps + 2, ignore_eos=True)
     vocab = llm.config.vocab_size
     engine.add_request("profiled", {"prompt_token_ids": [(31 * j) % (vocab - 10) + 10 for j in range(prompt_tokens)]},
                        params)
     engine.step()  # the prefill, not profiled
     engine.step()  # one decode step, to warm up
+    start = time.perf_counter()
+    for _ in range(num_steps):  # the same steps without the profiler (which slows small ops)
+        engine.step()
+    plain_ms = (time.perf_counter() - start) * 1e3 / num_steps
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(num_steps):
@@ -91,7 +99,7 @@ def profile_steps(llm: LLM, num_steps: int, prompt_tokens: int) -> dict:
         if event.key.startswith("step::"):
             totals[event.key.removeprefix("step::")] += event.cpu_time_total / 1e3 / num_steps
     totals["other"] = wall_ms - sum(totals.values())
-    return {"step_ms": wall_ms, **totals}
+    return {"unprofiled_ms": plain_ms, "step_ms": wall_ms, **totals}
 
 
 def main(argv=None) -> int:
@@ -125,7 +133,7 @@ def main(argv=None) -> int:
           f"{args.dtype}, quantization {args.quantization}; {torch.get_num_threads()} torch threads; "
           f"{args.steps} steps x {args.repeats} repeats, median [min-max] ms per step")
     step = statistics.median(r["step_ms"] for r in runs)
-    for key in ("step_ms", *CATEGORIES, "other"):
+    for key in ("unprofiled_ms", "step_ms", *CATEGORIES, "other"):
         values = [r[key] for r in runs]
         med = statistics.median(values)
         print(f"   {key:10} {med:8.2f} [{min(values):.2f}-{max(values):.2f}]  {med / step:6.1%}")

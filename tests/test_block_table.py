@@ -66,6 +66,14 @@ def test_rows_equal_a_dict_of_lists(ops):
         model[rid] = model.get(rid, [])[:kept] + new
         assert {q: table.get_row(q) for q in model} == model
     assert len(set(table.row_of.values())) == len(table.row_of) == len(model)
+    # A step's slots, computed for every row at once, are the reference's request by request.
+    rids = [q for q in model if model[q]]
+    rows = np.array([table.row_of[q] for q in rids], dtype=np.int64)
+    ends = np.array([2 * len(model[q]) - len(q) % 2 for q in rids], dtype=np.int64)
+    starts = ends // 3
+    expected = [s for q, a, b in zip(rids, starts, ends)
+                for s in slot_mapping(model[q], 2, int(a), int(b))]
+    assert table.slot_mapping(rows, starts, ends).tolist() == expected
 
 
 def test_a_step_from_the_table_equals_the_step_from_lists():

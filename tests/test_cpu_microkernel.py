@@ -27,7 +27,7 @@ def close(y: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
     torch.testing.assert_close(y.float(), expected, rtol=0, atol=tol * scale)
 
 
-@pytest.mark.parametrize("N,K", [(16, 64), (40, 320), (200, 96)])
+@pytest.mark.parametrize("N,K", [(16, 64), (40, 320), (200, 96), (33, 63)])  # 63: an odd pair of inputs
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_equals_fp32_arithmetic(micro, N, K, dtype):
     torch.manual_seed(N + K)
@@ -37,7 +37,7 @@ def test_int8_equals_fp32_arithmetic(micro, N, K, dtype):
     tiles = cpu.tile_int8(codes)
     assert torch.equal(tiles.transpose(1, 2).reshape(-1, K)[:N], codes)  # untiled: the codes
     weight = codes.float() * scales.float()[:, None]  # (N, K)
-    for M in range(1, 14):  # blocks of 6 rows: 1-6, then 7-12 in two, 13 in three
+    for M in range(1, 26):  # every remainder of a block of 6 rows (fp32) and of 12 (bf16 dots)
         x = torch.randn(M, K).to(dtype)
         close(micro.int8_mm(x, tiles, scales), x.float() @ weight.t(), dtype)
 
@@ -85,9 +85,42 @@ def test_int4_equals_fp32_arithmetic(micro, block_n, group_size, K, dtype):
     packed = cpu.to_cpu_int4_layout(F.pad(codes, (0, 0, 0, N_padded - N)), cpu.Int4Layout(block_n))
     zeros = offsets + 8 * scales  # torch's table: w = (q - 8) * scale + zero
     table = F.pad(torch.stack([scales.t(), zeros.t()], dim=-1), (0, 0, 0, N_padded - N)).to(dtype).contiguous()
-    for M in (1, 2, 5, 6, 7, 13):
+    for M in (1, 2, 5, 6, 7, 12, 13, 25):
         x = torch.randn(M, K).to(dtype)
         close(micro.int4_mm(x, packed, block_n, table, group_size, N), x.float() @ weight.t(), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norms_rotary_and_silu_mul_are_the_readable_ops(micro, dtype):
+    """The fused path's small ops against decoder.RMSNorm, rope.apply_rotary and silu(g) * u:
+    the same roundings, the sums of squares in another order."""
+    from minilm_engine.model.decoder import RMSNorm
+    from minilm_engine.model.rope import apply_rotary
+
+    torch.manual_seed(0)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    norm = RMSNorm(96, 1e-6).to(dtype)
+    norm.weight.data.normal_()
+    x = torch.randn(5, 96).to(dtype)
+    torch.testing.assert_close(micro.rms_norm(x, norm.weight.detach(), 1e-6), norm(x), **tol)
+    N, H, D = 3, 4, 16
+    qkv = torch.randn(N, H * D + 8).to(dtype)  # q and k heads, then v's columns (untouched)
+    cos, sin = torch.randn(N, D).to(dtype), torch.randn(N, D).to(dtype)
+    head_norms = [RMSNorm(D, 1e-6).to(dtype) for _ in range(H)]
+    for head_norm in head_norms:
+        head_norm.weight.data.normal_()
+    qk = qkv[:, : H * D].view(N, H, D)
+    want = apply_rotary(torch.stack([head_norms[h](qk[:, h]) for h in range(H)], dim=1), cos, sin)
+    want_plain = apply_rotary(qk.clone(), cos, sin)
+    torch.testing.assert_close(micro.norm_rotary_(qk.clone(), None, 0.0, cos, sin), want_plain, **tol)
+    v = qkv[:, H * D :].clone()
+    weight = torch.stack([n.weight.detach() for n in head_norms])  # (H, D)
+    assert micro.norm_rotary_(qk, weight, 1e-6, cos, sin).data_ptr() == qkv.data_ptr()  # in place
+    torch.testing.assert_close(qk, want, **tol)
+    assert torch.equal(qkv[:, H * D :], v)
+    gate_up = torch.randn(3, 2 * 40).to(dtype)
+    gate, up = gate_up.split(40, dim=-1)
+    torch.testing.assert_close(micro.silu_mul(gate_up), F.silu(gate) * up, **tol)
 
 
 def test_bad_shapes_are_refused_with_a_message(micro):
@@ -113,6 +146,7 @@ def test_each_cpu_gets_its_own_build(monkeypatch):
     monkeypatch.setattr(cpu_compiled, "_cpu_flags", lambda: "fpu sse2 avx2 avx512f")
     assert cpu_compiled.build_name() != avx2
     # and each -march its own build: MINILM_CPU_MARCH=haswell builds the AVX2 code on an AVX-512 CPU
+    monkeypatch.delenv("MINILM_CPU_MARCH", raising=False)  # (the AVX2 rerun sets it)
     native = cpu_compiled.build_name()
     monkeypatch.setenv("MINILM_CPU_MARCH", "haswell")
     assert cpu_compiled.build_name() != native

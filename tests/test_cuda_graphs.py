@@ -110,7 +110,7 @@ def test_padded_decode_steps_equal_eager_steps(checkpoints):
         for num_seqs in (5, 1, 9, 3, 16):
             input_ids, positions, meta = random_decode_step(rng, num_seqs, eager_cache, model.config.vocab_size)
             assert runner.can_run(num_seqs, meta)
-            expected = model(input_ids[None], positions[None], PagedAttention(eager_cache, meta))[0]
+            expected = model(input_ids, positions, PagedAttention(eager_cache, meta))
             got = runner.run(input_ids, positions, meta)
             torch.testing.assert_close(got, expected)
             for layer in range(len(eager_cache.k)):
@@ -225,7 +225,7 @@ def test_graph_replays_equal_eager_steps(checkpoints):
             input_ids, positions = input_ids.cuda(), positions.cuda()
             meta = PagedAttentionMetadata(*(t.cuda() for t in (meta.slot_mapping, meta.query_start_loc,
                                                                meta.context_lens, meta.block_tables)))
-            expected = model(input_ids[None], positions[None], PagedAttention(eager_cache, meta, backend))[0]
+            expected = model(input_ids, positions, PagedAttention(eager_cache, meta, backend))
             # cuBLAS may pick another GEMM for the padded height: allow fp32 rounding noise.
             close = dict(rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(runner.run(input_ids, positions, meta), expected, **close)

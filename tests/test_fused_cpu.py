@@ -55,7 +55,9 @@ def test_fused_logits_match_the_readable_model(checkpoint):
     ids = torch.randint(0, reference.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(ids.shape[1]).expand_as(ids)
     with torch.inference_mode():
-        logits = [llm.model.compute_logits(llm.model(ids, positions, NoKVCache(torch.ones_like(ids, dtype=torch.bool))))
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        logits = [llm.model.compute_logits(llm.model(ids.flatten(), positions.flatten(),
+                                                     NoKVCache(valid)))
                   for llm in (reference, fused)]
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
 

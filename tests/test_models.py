@@ -15,7 +15,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache, NoKVCache
+from minilm_engine.course.baselines.contiguous_cache import (
+    ContiguousKVCache, NoKVCache, forward_rows,
+)
 from minilm_engine.model import CausalLM, ModelConfig, load_model
 
 from conftest import build_hf_model, hf_config
@@ -34,7 +36,7 @@ def our_logits(model: CausalLM, ids: torch.Tensor) -> torch.Tensor:
     """Full recompute of (B, T) ids -> (B, T, V) logits, no cache, no padding."""
     B, T = ids.shape
     positions = torch.arange(T)[None].expand(B, T)
-    hidden = model(ids, positions, NoKVCache(torch.ones(B, T, dtype=torch.bool)))
+    hidden = forward_rows(model, ids, positions, NoKVCache(torch.ones(B, T, dtype=torch.bool)))
     return model.compute_logits(hidden)
 
 
@@ -116,7 +118,7 @@ def test_prefill_then_decode_equals_full_recompute(checkpoint):
     for start, end in chunks:
         cache.begin_step(torch.ones(2, end - start, dtype=torch.bool))
         positions = torch.arange(start, end)[None].expand(2, -1)
-        hidden = model(ids[:, start:end], positions, cache)
+        hidden = forward_rows(model, ids[:, start:end], positions, cache)
         torch.testing.assert_close(model.compute_logits(hidden), full[:, start:end], **FP32)
     assert cache.num_used_slots == T
     with pytest.raises(ValueError, match="KV cache full"):
@@ -135,7 +137,7 @@ def test_left_padding_is_invisible(checkpoints):
     valid = ids.new_ones(ids.shape, dtype=torch.bool)
     valid[1, :7] = False
     positions = (valid.cumsum(1) - 1).clamp(min=0)
-    hidden = model(ids, positions, NoKVCache(valid))
+    hidden = forward_rows(model, ids, positions, NoKVCache(valid))
     logits = model.compute_logits(hidden)
     torch.testing.assert_close(logits[0], our_logits(model, long_ids)[0], **FP32)
     torch.testing.assert_close(logits[1, 7:], our_logits(model, short_ids)[0], **FP32)
@@ -145,10 +147,10 @@ def test_left_padding_is_invisible(checkpoints):
         model.config, batch_size=2, max_len=14, dtype=torch.float32, device="cpu"
     )
     cache.begin_step(valid)
-    model(ids, positions, cache)
+    forward_rows(model, ids, positions, cache)
     next_ids = torch.tensor([[3], [4]])
     cache.begin_step(torch.ones(2, 1, dtype=torch.bool))
-    step = model.compute_logits(model(next_ids, torch.tensor([[12], [5]]), cache))
+    step = model.compute_logits(forward_rows(model, next_ids, torch.tensor([[12], [5]]), cache))
     torch.testing.assert_close(
         step[0, 0], our_logits(model, torch.cat([long_ids, next_ids[:1]], 1))[0, -1], **FP32
     )

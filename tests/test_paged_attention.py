@@ -307,7 +307,7 @@ def test_the_attention_context_plans_once_per_step_before_the_first_layer():
 
     attn = PagedAttention(cache, meta, CountingBackend())
     assert calls == [("plan", (3, k_cache.shape[2]))]  # before any layer runs
-    outs = [attn.attend(layer, q[None], k[None], v[None])[0] for layer in range(num_layers)]
+    outs = [attn.attend(layer, q, k, v) for layer in range(num_layers)]
     assert calls[1:] == [("attend", id(attn.plan))] * num_layers
     expected = torch.cat([dense_causal(s) for s in seqs])
     for out in outs:

@@ -153,7 +153,7 @@ def test_cpu_kernel_equals_the_reference_around_its_threshold(config, native_bf1
     """bf16, at row counts on both sides of the switch from the operators (or the micro-kernel)
     to dequantize+matmul, as on a CPU with and without native bf16 matmul: each path ran where
     the threshold says, and each equals the dequantize-then-matmul reference."""
-    from minilm_engine.model.quantization.kernels import cpu
+    from minilm_engine.model.quantization.kernels import cpu, cpu_compiled
 
     monkeypatch.setattr(cpu, "native_bf16_matmul", lambda: native_bf16)
     torch.manual_seed(0)
@@ -167,7 +167,11 @@ def test_cpu_kernel_equals_the_reference_around_its_threshold(config, native_bf1
     many_rows = kernel._many_rows
     monkeypatch.setattr(kernel, "_many_rows", lambda layer, x: calls.append(x.shape[0]) or many_rows(layer, x))
     most = cpu.microkernel_max_rows(config.scheme, torch.bfloat16)
-    if native_bf16:  # measured there: int8's micro-kernel up to 16 rows, int4's operator always
+    built = cpu_compiled.load()  # the build of this CPU decides, whether this kernel runs it or not
+    bf16_dot = built is not None and built.bf16_dot()
+    if native_bf16 and bf16_dot:  # the kernel multiplies on bf16 dot products: up to 64 rows
+        assert most == cpu.BF16_DOT_MAX_ROWS
+    elif native_bf16:  # measured there: int8's micro-kernel up to 16 rows, int4's operator always
         assert most == {"int8": 16, "int4": 0}[config.scheme]
     else:
         assert most == (None if config.scheme == "int8" else cpu.MICROKERNEL_MAX_ROWS)
@@ -328,9 +332,9 @@ def test_every_architecture_generates_quantized_fast_equals_reference(checkpoint
     # Hidden states of a whole forward agree tightly too.
     from minilm_engine.course.baselines.contiguous_cache import NoKVCache
 
-    ids = torch.tensor([reference.tokenizer.encode(prompts[2])])
-    positions = torch.arange(ids.shape[1])[None]
-    valid = torch.ones_like(ids, dtype=torch.bool)
+    ids = torch.tensor(reference.tokenizer.encode(prompts[2]))  # (T,)
+    positions = torch.arange(len(ids))
+    valid = torch.ones(1, len(ids), dtype=torch.bool)
     with torch.no_grad():
         a = reference.model(ids, positions, NoKVCache(valid))
         b = fast.model(ids, positions, NoKVCache(valid))

@@ -262,7 +262,7 @@ def test_the_plan_picks_the_kernel_once_and_every_layer_uses_it(seqs, num_sms, k
     # The Triton backend's plan is the step's kernel, chosen from shapes before the first layer;
     # attending with it gives what the kernel itself gives.
     case = Case(seqs, ratio=2, num_kv_heads=2, head_dim=16, block_size=16)
-    backend = backends.make_triton_backend(num_sms=num_sms)
+    backend = backends.TritonBackend(num_sms=num_sms)
     q, k, v, k_cache, v_cache, meta = build(case)
     plan = backend.plan(meta, case.block_size, case.num_kv_heads)
     assert plan.kernel == kernel and plan.meta is meta
@@ -334,7 +334,7 @@ def test_engine_with_split_decode_equals_torch_backend(checkpoints):
         llm = LLM(checkpoints["qwen3"].path, device=DEVICE, dtype="float32", max_model_len=2 * P, block_size=16,
                   num_kv_blocks=64, attention_backend="torch" if backend == "torch" else "triton")
         if backend == "split":
-            llm.engine.runner.attention_backend = backends.make_triton_backend(num_sms=10**6)
+            llm.engine.runner.attention_backend = backends.TritonBackend(num_sms=10**6)
             assert llm.engine.decode_graphs is None or DEVICE.type == "cuda"
         tokens[backend] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
     assert tokens["split"] == tokens["torch"]

@@ -94,20 +94,14 @@ class ModelConfig:
                 f"model_type {model_type!r} (architectures {arch}) is not supported; "
                 f"supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        required = [
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-        ]
+        required = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads"]
         missing = [k for k in required if k not in d]
         if missing:
             raise UnsupportedModelError(f"config.json is missing required keys: {missing}")
         if d.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(
-                f"hidden_act {d['hidden_act']!r} is not supported; only 'silu' (SwiGLU) is"
-            )
+                f"hidden_act {d['hidden_act']!r} is not supported; only 'silu' (SwiGLU) is")
         biased = [k for k in ("attention_bias", "mlp_bias") if d.get(k)]
         if biased:
             raise UnsupportedModelError(
@@ -124,8 +118,7 @@ class ModelConfig:
             # Mistral-style sliding windows only matter past the window; we do full attention.
             if d["sliding_window"] < d.get("max_position_embeddings", 0):
                 raise UnsupportedModelError(
-                    f"sliding_window={d['sliding_window']} attention is not supported"
-                )
+                    f"sliding_window={d['sliding_window']} attention is not supported")
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -156,8 +149,7 @@ def _rope_from_hf(d: dict[str, Any]) -> RopeConfig:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
-            f"rope type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
-        )
+            f"rope type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
     if rope_type == "default":
         return RopeConfig(theta=float(theta))
     return RopeConfig(
@@ -166,8 +158,7 @@ def _rope_from_hf(d: dict[str, Any]) -> RopeConfig:
         factor=float(params["factor"]),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=params.get(
-            "original_max_position_embeddings", d.get("max_position_embeddings")
-        ),
+        original_max_position_embeddings=params.get("original_max_position_embeddings",
+                                                    d.get("max_position_embeddings")),
     )
 

@@ -1,17 +1,12 @@
 """Building the model's C++ CPU kernels: once per machine, on first use, never fatal.
 
-Contract: `build(prefix, source, functions)` compiles one C++ source with
-`torch.utils.cpp_extension.load_inline` and returns `(module, None)`, or `(None, reason)` where
-it cannot: no C++ compiler, no `ninja`, a failed build, or `MINILM_CPU_MICROKERNEL=0`.  The
-callers (`quantization/kernels/cpu_compiled.py`, `attention/cpu_compiled.py`) keep the module
-for their process and fall back to torch's operators, saying why, when it is None.
-
-Built with `-O3 -march=native` (or `-march=$MINILM_CPU_MARCH`, e.g. `haswell` to build the
-AVX2 code on an AVX-512 machine, as CI's AVX2 rerun does), so the code is the best the CPU's
-vector units allow (AVX2, AVX-512 or NEON).  torch caches builds under
-~/.cache/torch_extensions keyed by the source; the name below also carries the CPU's flags and
-the -march, so two CPUs sharing a home never load each other's build.  A first build takes
-about a minute.
+Contract: `Extension(prefix, source, functions, ...)` compiles one C++ source with
+`torch.utils.cpp_extension.load_inline` on its first `load()` and returns the module, or None
+with `unavailable_reason()` saying why (no C++ compiler, no `ninja`, a failed build, or
+`MINILM_CPU_MICROKERNEL=0`); callers fall back to torch's operators.  Built with `-O3
+-march=native` (or `$MINILM_CPU_MARCH`, e.g. `haswell` for the AVX2 code on an AVX-512 machine),
+under a name carrying the CPU's flags, the -march and the source, so two CPUs sharing a home
+never load each other's build.  A first build takes a minute or two.
 """
 
 from __future__ import annotations
@@ -81,12 +76,9 @@ def build(name: str, source: str, functions: tuple[str, ...]):
 
 
 class Extension:
-    """One compiled module, built at most once per process on first `load()`.
-
-    `load()` gives the module or None; `unavailable_reason()` says why it is None.  A failed
-    build warns once, naming what runs instead (`fallback`); a missing tool or the switch set to
-    "0" is silent, as those are choices, not errors.
-    """
+    """One compiled module, built at most once per process on first `load()`.  A failed build
+    warns once, naming what runs instead (`fallback`); a missing tool or the switch set to "0"
+    is silent (choices, not errors)."""
 
     def __init__(self, prefix: str, source_path, functions: tuple[str, ...], what: str, fallback: str,
                  flags=cpu_flags):

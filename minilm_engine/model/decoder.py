@@ -2,7 +2,8 @@
 
 Contract: `CausalLM(config)` has exactly the parameter names of the Hugging Face checkpoints
 (`model.layers.0.self_attn.q_proj.weight`...), so loading is a name-for-name copy.
-`forward(input_ids, positions, attn)` returns hidden states; `compute_logits(hidden)` turns the
+`forward(input_ids (N,), positions (N,), attn)` returns hidden states (N, hidden): the
+step's tokens flat, no batch axis; `compute_logits(hidden)` turns the
 rows you need into vocabulary scores.  Attention is delegated to `attn` (an
 `AttentionContext`): the model never knows which serving strategy or cache layout runs it.
 
@@ -54,15 +55,15 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, attn: AttentionContext) -> torch.Tensor:
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # (B, T, H, D)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # (N, H, D)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # (N, H_kv, D)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = attn.attend(self.layer_idx, q, k, v)  # (B, T, H, D)
-        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+        out = attn.attend(self.layer_idx, q, k, v)  # (N, H, D)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -107,12 +108,10 @@ class CausalLM(nn.Module):
         self.model = DecoderStack(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
-        # How the projections are quantized (a quantization.QuantizationConfig), or None.
-        self.quantization_config = None
+        self.quantization_config = None  # a quantization.QuantizationConfig when quantized
 
     def tie_weights(self) -> None:
-        """Small models share the input embedding with the output head (one matrix, two uses)."""
-        # A quantized head (quantization_config={"lm_head": True}) holds codes, not the table.
+        """Small models share the input embedding with the output head (unless it is quantized)."""
         if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -124,12 +123,11 @@ class CausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.model.embed_tokens.weight.dtype
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
-    ) -> torch.Tensor:
-        """input_ids, positions: (B, T) -> final hidden states (B, T, hidden_size)."""
-        x = self.model.embed_tokens(input_ids)  # (B, T, hidden)
-        cos, sin = self.model.rotary(positions, x.dtype)  # (B, T, head_dim) each
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext):
+        """input_ids, positions: (N,), every sequence's tokens of the step side by side ->
+        final hidden states (N, hidden_size)."""
+        x = self.model.embed_tokens(input_ids)  # (N, hidden)
+        cos, sin = self.model.rotary(positions, x.dtype)  # (N, head_dim) each
         for layer in self.model.layers:
             x = layer(x, cos, sin, attn)
         return self.model.norm(x)

@@ -1,15 +1,11 @@
 """Device and dtype policy: fp32 on a CPU, bf16 on GPUs that support it, fp16 otherwise (T4).
 
-Contract: `resolve_device(None)` picks $MINILM_DEVICE if set, else CUDA when present, else the CPU; `resolve_dtype(spec,
-device)` accepts "auto", a name ("float16", "fp16", "half", "bfloat16", "bf16", "float32",
-"fp32", "float") or a `torch.dtype`, and raises `ValueError` for anything else.  Asking for
-bfloat16 on a GPU without native bfloat16 (a T4) is not an error: it warns and uses float16.
-The policy itself is `choose_dtype`, a pure function of the device's compute capability.
-
-What the CPU can do: `native_bf16_matmul()` (whether this CPU runs bf16 matmuls natively,
-through oneDNN; without it torch emulates them, many times slower than fp32) and `cpuinfo_field`
-(a line of /proc/cpuinfo).  Naming the machine a number was measured on is the course's
-(`course/machine.py`).
+Contract: `resolve_device(None)` picks $MINILM_DEVICE if set, else CUDA when present, else the
+CPU; `resolve_dtype(spec, device)` accepts "auto", a dtype name or alias, or a `torch.dtype`,
+and raises `ValueError` for anything else; bfloat16 asked for on a GPU without it (a T4) warns
+and uses float16.  The policy is `choose_dtype`, a pure function of the compute capability.
+`native_bf16_matmul()` and `cpuinfo_field` say what the CPU can do; `upload` sends a step's
+small host data to the device without making the host wait.
 """
 
 from __future__ import annotations
@@ -22,14 +18,9 @@ from pathlib import Path
 import torch
 
 _DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
+    **dict.fromkeys(("float32", "fp32", "float"), torch.float32),
+    **dict.fromkeys(("float16", "fp16", "half"), torch.float16),
+    **dict.fromkeys(("bfloat16", "bf16"), torch.bfloat16),
 }
 
 
@@ -49,13 +40,9 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def choose_dtype(dtype: str | torch.dtype, device_type: str, capability: tuple[int, int] | None) -> tuple[torch.dtype, str | None]:
-    """The dtype policy as a pure function: (dtype to use, a warning or None).
-
-    `capability` is the GPU's compute capability (None on a CPU).  bfloat16 runs natively from
-    capability 8.0 (A100, H100, RTX 30xx and later).  A T4 (7.5) or V100 (7.0) can only emulate
-    it, slowly, and Triton cannot compile it there: "auto" takes float16 on them, and an explicit
-    bfloat16 falls back to float16 with a warning.
-    """
+    """The dtype policy: (dtype to use, a warning or None).  `capability`: the GPU's compute
+    capability (None on a CPU).  bfloat16 is native from 8.0; below (T4, V100) "auto" takes
+    float16, and an explicit bfloat16 falls back to float16 with a warning."""
     if isinstance(dtype, torch.dtype):
         resolved = dtype
     elif dtype == "auto":
@@ -87,17 +74,22 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return resolved
 
 
+def upload(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A small host list or array -> a tensor on `device`, through pinned memory on a GPU, so the
+    host does not wait for the GPU (a copy from pageable memory would); on a CPU, no copy."""
+    tensor = torch.as_tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 SMALL_MODEL_PARAMETERS = 50_000_000
 
 
 def cpu_threads_for(num_parameters: int) -> int | None:
-    """Torch threads for a model on a CPU: 1 for a small model, None (torch's default) otherwise.
-
-    A small model's matmuls are too small to split across threads, and on a busy machine the
-    spinning worker threads made each decode step of the shipped 7M-parameter model 10-30x
-    slower (measured on the 2-core CI machine).  A model of a few hundred million parameters
-    has matmuls worth splitting.
-    """
+    """Torch threads for a model on a CPU: 1 for a small model (its matmuls are too small to
+    split, and spinning threads made the shipped model's steps 10-30x slower on a busy 2-core
+    machine), None (torch's default) otherwise."""
     return 1 if num_parameters < SMALL_MODEL_PARAMETERS else None
 
 
@@ -114,11 +106,8 @@ def cpuinfo_field(*keys: str) -> str | None:
 
 @functools.cache
 def native_bf16_matmul() -> bool:
-    """Whether this CPU runs bf16 matmuls natively (oneDNN with AVX512_BF16 / AMX, or ARM's bf16
-    instructions).  Without it torch emulates bf16, and a bf16 matmul is many times slower than
-    the same one in fp32 (on a 2-core AVX2 CPU, 16 rows times a 3072 x 1024 layer 25x slower).
-    Callers choose fp32 or a fallback path from it: the quantized kernels' many-row path, the
-    fused CPU backend, the tests that expect one or the other."""
+    """Whether this CPU runs bf16 matmuls natively (oneDNN with AVX512_BF16 / AMX, or ARM's
+    bf16); without, torch emulates them, many times slower than fp32."""
     try:
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):

@@ -1,46 +1,27 @@
-"""The fast CPU path: fused projections on the compiled decode micro-kernel, beside the readable decoder.
+"""The fast CPU path: the decoder's layers with fewer, faster ops, beside the readable decoder.
 
-Contract: `apply_model_backend(model, "fused")` takes a loaded `CausalLM` (loaded name for name
-from the checkpoint, as always) and swaps, in every layer, the attention and the MLP for
-modules doing the same math with fewer, faster matmuls; `model/decoder.py` is untouched, and
-`"reference"` leaves the model as it is.  Quantized projections (int8 / int4 `QuantizedLinear`s)
-stay themselves, run by their own kernel (the CPU micro-kernel's `int8_mm` / `int4_mm`), grouped
-by input (`QuantizedGroup`); the rest of the layer and the head run fused.  Where the fast path
-cannot run (not a CPU, a dtype other than fp32 / bf16) it warns with the reason and keeps the
-readable model; where the micro-kernel cannot be built it says why once and runs torch's matmuls.
-`resolve_model_backend(None)` reads the default from `$MINILM_MODEL_BACKEND`, "fused" when unset:
-the fast path is on wherever it runs, and a default that cannot run here (a GPU, fp16) falls back to the readable model without a warning (it asked for "fused wherever
-it runs", not for this model).  `MINILM_MODEL_BACKEND=reference` runs everything, the whole test
-suite included, on the readable decoder.
+Contract: `apply_model_backend(model, "fused")` swaps, in every layer of a loaded `CausalLM`,
+the attention and the MLP for modules doing the same math (equal to float rounding, greedy
+tokens equal), and the norms and the head for kernel-backed ones; `model/decoder.py` is
+untouched and `"reference"` leaves the model as it is.  Where the path cannot run (not a CPU, a
+dtype other than fp32 / bf16) it warns with the reason and keeps the readable model; without the
+compiled micro-kernel (quantization/kernels/cpu_microkernel.cpp) it says why once and runs
+torch's ops.  `resolve_model_backend(None)` reads `$MINILM_MODEL_BACKEND` ("fused" when unset;
+a default that cannot run falls back quietly).
 
     readable (decoder.py)                       fused (this file)
-    x ─ q_proj ─┐                               x ─ qkv_proj (one packed matmul) ─ split ─ q, k, v
-    x ─ k_proj ─┼─ q, k, v
-    x ─ v_proj ─┘                               q, k: one RMSNorm and one rotation over all their heads
-    x ─ gate_proj ─┐                            x ─ gate_up_proj (one packed matmul) ─ split ─ g, u
-    x ─ up_proj ───┴─ down(silu(g) * u)                          down(silu(g) * u)
-    o_proj, down_proj: F.linear                 every matmul and the LM head (same tied weight):
-    lm_head: F.linear                             micro-kernel up to a measured row count,
-                                                  F.linear above it (kernels/cpu_dense.py)
+    x ─ q_proj, k_proj, v_proj ─ q, k, v        x ─ qkv_proj (one matmul) ─ q, k, v
+    q_norm(q), k_norm(k), rotary(q), rotary(k)  norm_rotary_(q and k): one kernel call, in place
+    down(silu(gate(x)) * up(x))                 down(silu_mul(gate_up(x))): one matmul, one call
+    RMSNorm: ~8 torch ops                       rms_norm: one kernel call
+    every matmul: F.linear                      the micro-kernel's dense_mm up to a measured row
+                                                count, torch above it (kernels/cpu_dense.py)
 
-Every fused weight is one plain (N, K) matrix, read by the micro-kernel (`dense_mm` in
-quantization/kernels/cpu_microkernel.cpp: each weight read once per call for all rows) for
-decode-sized steps and by torch for prefill-sized ones; the crossover is measured per shape on
-first use.  Without the micro-kernel (no compiler or ninja, MINILM_CPU_MICROKERNEL=0) the path
-is the one before it: bf16 weights packed once for oneDNN, fp32 plain for `F.linear`, `torch.mv`
-for the head at one row.
-
-Why the kernel: torch's matmul on a 2-core AVX2 CPU costs 2.4x more at 2 rows than at 1 in fp32,
-and its bf16 matmul grows with every row where oneDNN has no native bf16; a decode step of B
-rows should cost one read of the weights (`benchmarks/roofline.py` measures both).
-Why the fallback's packing: at batch 1 a decode step reads every weight once, so its floor is the weight bytes over
-the memory bandwidth.  On an AVX-512 CPU torch's bf16 `F.linear` of one row streams ~16 GB/s
-while a large copy runs ~27 GB/s; the same matmul over a weight packed once into oneDNN's
-blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, what `torch.compile`'s CPU freezing
-does) streams ~24 GB/s, and one matmul instead of three (or two) saves the small calls between
-them.  In fp32 `F.linear` already streams at copy bandwidth and the packed matmul was ~7%
-slower, so fp32 gains only the fusion.  The tied LM head keeps its one copy (packing it would hold a second 311 MB table for
-Qwen3-0.6B): at one row `torch.mv` reads it ~1.4x faster than `F.linear`.
+Why: a decode step should cost one read of the weights, and at a few rows each small op costs
+its dispatch, not its arithmetic.  Quantized projections stay `QuantizedLinear`s under their
+checkpoint names, grouped by input (`QuantizedGroup`).  bf16 projections on a CPU with native
+bf16 matmuls keep oneDNN's packed copy (faster than the kernel above its crossover, and one copy
+cannot be both); the tied LM head keeps its one table.
 """
 
 from __future__ import annotations
@@ -66,14 +47,11 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class FusedLinear(nn.Module):
-    """y = x W^T + b for one or more `nn.Linear`s of the same input, concatenated along their
-    outputs, as one matmul.  Inference only (no gradient flows).
-
-    With the micro-kernel (`micro`, the compiled module) the weight is one plain (N, K) matrix
-    that the kernel reads below the measured row crossover and `F.linear` above it.  Without
-    it, bf16 weights are packed into oneDNN's blocked layout (opaque: no storage a caller can
-    read; `packed` is True) and fp32 ones stay plain for `F.linear` (packing measured ~7% slower
-    there).  `num_weight_bytes` says what it holds (bias included), for `LLM.weight_bytes`."""
+    """y = x W^T + b for `nn.Linear`s of the same input, their outputs side by side, as one
+    matmul (inference only).  With the micro-kernel (`micro`) the weight is one plain (N, K)
+    matrix (`DenseMatmul`); without it bf16 weights are packed for oneDNN (opaque; `packed`) and
+    fp32 ones stay plain for `F.linear` (packing was ~7% slower there).  `num_weight_bytes`
+    (bias included) is for `LLM.weight_bytes`."""
 
     def __init__(self, linears: list[nn.Linear], micro=None):
         super().__init__()
@@ -95,13 +73,9 @@ class FusedLinear(nn.Module):
 
 
 class QuantizedGroup(nn.Module):
-    """Several quantized projections of the same input (`QuantizedLinear`s: int8 or int4 codes
-    in their kernel's layout, the CPU micro-kernel's after `prepare`), their outputs side by
-    side: what `FusedLinear` is for plain weights.  Each keeps its codes and its kernel, so each
-    output has the bits the readable quantized model computes.  The projections are held in a
-    plain list, not registered here: the fused modules register them under their checkpoint
-    names (`self_attn.q_proj`, ...), so state_dict names, `save_quantized` and
-    `quantization.weight_bytes` see the model they loaded."""
+    """`QuantizedLinear`s of the same input, their outputs side by side (each on its own kernel,
+    so the readable quantized model's bits).  Held in a plain list: the fused modules register
+    them under their checkpoint names, so state_dict names and `weight_bytes` stay."""
 
     def __init__(self, linears: list[nn.Module]):
         super().__init__()
@@ -135,15 +109,26 @@ class HeadwiseRMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class KernelRMSNorm(nn.Module):
+    """`decoder.RMSNorm` in one call of the micro-kernel's `rms_norm` (the same steps, the sum of
+    squares in another order).  It holds the norm's own Parameter, so state_dict names stay."""
+
+    def __init__(self, norm: nn.Module, ops):
+        super().__init__()
+        self.weight, self.eps, self.ops = norm.weight, norm.eps, ops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.rms_norm(x.contiguous(), self.weight.detach(), self.eps)
+
+
 class FusedAttention(nn.Module):
     """`decoder.Attention` with q, k and v from one matmul, and q and k normalised and rotated
-    together: the same element-wise arithmetic as the readable model on every element (so the
-    same bits), in half the small ops.  Why: at one row each small op costs its call overhead,
-    not its arithmetic, and a layer had two of each (q's and k's)."""
+    together (`ops`: the micro-kernel's `norm_rotary_`, in place on the matmul's output; without
+    it torch's ops, the readable model's arithmetic on every element)."""
 
-    def __init__(self, attn: Attention, micro=None):
+    def __init__(self, attn: Attention, micro=None, ops=None):
         super().__init__()
-        self.layer_idx = attn.layer_idx
+        self.layer_idx, self.ops = attn.layer_idx, ops
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         if quantized([attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]):  # kept, under their names
             self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
@@ -161,24 +146,28 @@ class FusedAttention(nn.Module):
             [q_norm] * self.num_heads + [k_norm] * self.num_kv_heads)
 
     def forward(self, x, cos, sin, attn) -> torch.Tensor:
-        B, T, _ = x.shape
-        qkv = self.qkv_proj(x)  # (B, T, (H + 2 H_kv) D)
-        qk = qkv[..., : self.qk_dim].view(B, T, self.num_heads + self.num_kv_heads, self.head_dim)
-        v = qkv[..., self.qk_dim :].view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
-        if self.qk_norm is not None:
-            qk = self.qk_norm(qk)
-        qk = apply_rotary(qk, cos, sin)  # (B, T, H + H_kv, D)
-        q, k = qk[:, :, : self.num_heads], qk[:, :, self.num_heads :]
-        out = attn.attend(self.layer_idx, q, k, v)  # (B, T, H, D)
-        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_dim))
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)  # (N, (H + 2 H_kv) D)
+        qk = qkv[:, : self.qk_dim].view(num_tokens, -1, self.head_dim)  # (N, H + H_kv, D)
+        v = qkv[:, self.qk_dim :].view(num_tokens, self.num_kv_heads, self.head_dim)  # (N, H_kv, D)
+        if self.ops is not None:
+            norm = None if self.qk_norm is None else self.qk_norm.weight
+            self.ops.norm_rotary_(qk, norm, 0.0 if norm is None else self.qk_norm.eps, cos, sin)
+        else:
+            if self.qk_norm is not None:
+                qk = self.qk_norm(qk)
+            qk = apply_rotary(qk, cos, sin)  # (N, H + H_kv, D)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        out = attn.attend(self.layer_idx, q, k, v)  # (N, H, D)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
 class FusedMLP(nn.Module):
-    """`decoder.MLP` (SwiGLU) with gate and up from one matmul."""
+    """`decoder.MLP` (SwiGLU) with gate and up from one matmul (and `ops.silu_mul` after it)."""
 
-    def __init__(self, mlp: MLP, micro=None):
+    def __init__(self, mlp: MLP, micro=None, ops=None):
         super().__init__()
-        self.intermediate_size = mlp.gate_proj.out_features
+        self.intermediate_size, self.ops = mlp.gate_proj.out_features, ops
         if quantized([mlp.gate_proj, mlp.up_proj, mlp.down_proj]):  # kept, under their names
             self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
             self.gate_up_proj = QuantizedGroup([mlp.gate_proj, mlp.up_proj])
@@ -187,7 +176,10 @@ class FusedMLP(nn.Module):
             self.down_proj = FusedLinear([mlp.down_proj], micro)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)  # (N, 2 I)
+        if self.ops is not None:
+            return self.down_proj(self.ops.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -228,15 +220,11 @@ def fused_unavailable(model: CausalLM) -> str | None:
 
 @torch.no_grad()
 def fuse_for_cpu(model: CausalLM, microkernel: bool | None = None) -> CausalLM:
-    """Swap every layer's attention and MLP for the fused modules, and the head for `MatVecHead`,
-    in place.  The old projection weights are dropped (the fused copies replace them).
-
-    `microkernel`: None (the default) runs the micro-kernel on the head and on every projection,
-    except bf16 projections where oneDNN multiplies bf16 natively: there they keep oneDNN's
-    packed copy, because above the crossover the packed matmul was ~1.25x faster than torch's
-    on the plain weight the kernel reads (a Qwen3-0.6B step at B = 4..16 on an AVX512_BF16 CPU),
-    and one copy cannot be both.  True: the kernel everywhere (the tests); False: nowhere (the
-    benchmarks' "before").  Without a built kernel it says why and runs torch's matmuls."""
+    """Swap, in place, every layer's attention, MLP and norms for the fused modules and the head
+    for `MatVecHead` (the old projection weights are dropped).  `microkernel`: None (the default)
+    the kernel everywhere except bf16 projections where oneDNN has native bf16 (its packed copy
+    was ~1.25x faster above the crossover, Qwen3-0.6B at B = 4..16); True: everywhere (the
+    tests); False: nowhere (the benchmarks' "before")."""
     micro = None if microkernel is False else cpu_compiled.load()
     if micro is None and microkernel is not False:
         warnings.warn(f"fused CPU path without the micro-kernel ({cpu_compiled.unavailable_reason()}): "
@@ -244,8 +232,13 @@ def fuse_for_cpu(model: CausalLM, microkernel: bool | None = None) -> CausalLM:
     native_bf16 = model.dtype == torch.bfloat16 and native_bf16_matmul()
     layer_micro = None if microkernel is None and native_bf16 else micro
     for layer in model.model.layers:
-        layer.self_attn = FusedAttention(layer.self_attn, layer_micro)
-        layer.mlp = FusedMLP(layer.mlp, layer_micro)
+        layer.self_attn = FusedAttention(layer.self_attn, layer_micro, micro)
+        layer.mlp = FusedMLP(layer.mlp, layer_micro, micro)
+        if micro is not None:
+            layer.input_layernorm = KernelRMSNorm(layer.input_layernorm, micro)
+            layer.post_attention_layernorm = KernelRMSNorm(layer.post_attention_layernorm, micro)
+    if micro is not None:
+        model.model.norm = KernelRMSNorm(model.model.norm, micro)
     if type(model.lm_head) is nn.Linear and model.lm_head.bias is None:
         model.lm_head = MatVecHead(model.lm_head, micro)
     return model
@@ -278,6 +271,5 @@ def apply_model_backend(model: CausalLM, backend: str, warn: bool = True) -> str
 
 
 def fused_weight_bytes(model: nn.Module) -> int:
-    """Bytes held in fused weights (not parameters, and packed ones are opaque: invisible to
-    `quantization.weight_bytes`)."""
+    """Bytes held in fused weights (not parameters: invisible to `quantization.weight_bytes`)."""
     return sum(m.num_weight_bytes for m in model.modules() if isinstance(m, FusedLinear))

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from minilm_engine.model.config import ModelConfig, UnsupportedModelError
+from minilm_engine.model.config import ModelConfig
 from minilm_engine.model.decoder import CausalLM
+from minilm_engine.model.rope import inverse_frequencies
 
 CHECKPOINTS_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
 SHIPPED_MODELS = ("noodle-chef", "noodle-apprentice")
@@ -25,11 +26,8 @@ DEFAULT_MODEL = "noodle-chef"
 
 
 class CheckpointError(OSError):
-    """A checkpoint folder or file is missing, corrupt, or does not match its config.
-
-    An `OSError`, as `transformers` raises for a bad checkpoint, so code that catches
-    `OSError` around `from_pretrained` catches ours too.
-    """
+    """A checkpoint folder or file is missing, corrupt, or does not match its config (an
+    `OSError`, as `transformers` raises)."""
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """The model names nothing there is: no folder, no shipped model, no hub id."""
@@ -126,7 +124,7 @@ def load_model(
             model.quantization_config = quantization
     model = model.to_empty(device=device).to(dtype)
     model.tie_weights()  # materialising gave the tied pair two separate tensors
-    model.model.rotary.inv_freq = _fresh_inv_freq(config).to(device)
+    model.model.rotary.inv_freq = inverse_frequencies(config.rope, config.head_dim).to(device)
     expected = dict(model.named_parameters())  # tied lm_head appears once, as embed_tokens
     persistent = model.state_dict(keep_vars=True)
     expected.update({n: b for n, b in model.named_buffers() if n in persistent})  # quantized codes
@@ -169,12 +167,6 @@ def load_model(
     return model.eval()
 
 
-def _fresh_inv_freq(config: ModelConfig) -> torch.Tensor:
-    from minilm_engine.model.rope import inverse_frequencies
-
-    return inverse_frequencies(config.rope, config.head_dim)
-
-
 def _ignorable(name: str, config: ModelConfig) -> bool:
     # Old checkpoints store the RoPE table; tied checkpoints sometimes store lm_head anyway.
     return name.endswith("rotary_emb.inv_freq") or (
@@ -182,25 +174,9 @@ def _ignorable(name: str, config: ModelConfig) -> bool:
     )
 
 
-__all__ = [
-    "CHECKPOINTS_DIR",
-    "CheckpointError",
-    "CheckpointNotFoundError",
-    "DEFAULT_MODEL",
-    "SHIPPED_MODELS",
-    "UnsupportedModelError",
-    "load_model",
-    "read_config",
-    "resolve_model_path",
-]
-
-
 @functools.cache
 def shipped_corpus_sample() -> dict[str, list[str]]:
-    """A fixed sample of the text the shipped models were trained on (`documents`, and the
-    held-out `calibration` documents), written by the course's corpus generator
-    (`course/noodle_corpus.py`, `write_shipped_sample`): the bench's "noodle" dataset and the
-    default calibration read it, so the engine needs no generator."""
-    import json
-
+    """A fixed sample of the text the shipped models were trained on (`documents`, and held-out
+    `calibration` ones), written by `course/noodle_corpus.py`: the bench's "noodle" dataset and
+    the default calibration read it."""
     return json.loads((CHECKPOINTS_DIR / "noodle_corpus_sample.json").read_text())

@@ -21,17 +21,14 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.rope_type == "default":
         return inv_freq
-    # Llama 3.1: wavelengths longer than the original training context are divided by
-    # `factor` (so far positions look like near ones), short wavelengths are kept, and the
-    # band in between is interpolated smoothly.
+    # Llama 3.1: long wavelengths divided by `factor`, short ones kept, the band between smoothed.
     old_len = rope.original_max_position_embeddings
     low_freq_wavelen = old_len / rope.low_freq_factor
     high_freq_wavelen = old_len / rope.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
-    smooth = (old_len / wavelen - rope.low_freq_factor) / (
-        rope.high_freq_factor - rope.low_freq_factor
-    )
+    band = rope.high_freq_factor - rope.low_freq_factor
+    smooth = (old_len / wavelen - rope.low_freq_factor) / band
     smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)
@@ -43,7 +40,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inverse_frequencies(rope, head_dim), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        # positions: (..., T) int  ->  cos, sin: (..., T, head_dim)
+        # positions: (N,) int  ->  cos, sin: (N, head_dim)
         freqs = positions[..., None].float() * self.inv_freq.float()
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -55,6 +52,6 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, T, H, D); cos, sin: (B, T, D) -> rotated x, same shape."""
+    """x: (N, H, D); cos, sin: (N, D) -> rotated x, same shape."""
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
     return x * cos + rotate_half(x) * sin

@@ -1,10 +1,4 @@
-"""The step's block tables, kept between steps (vLLM's worker-side `BlockTable`).
-
-Contract: `BlockTable` holds every scheduled request's table as a row of one array, updated by
-what changed each step, and maps a step's token positions to cache slots with
-`core.kv_cache_utils.slot_mapping`, once per scheduled request, on plain lists (the function a
-build exercise replaces).
-"""
+"""The step's block tables, kept between steps (vLLM's worker-side `BlockTable`)."""
 
 from __future__ import annotations
 
@@ -13,12 +7,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from minilm_engine.core.kv_cache_utils import slot_mapping
+from minilm_engine.pluggable import is_overridden
 
 
 class BlockTable:
-    """Every scheduled request's block table, one row each, kept from step to step (vLLM's
-    worker-side `BlockTable`): a step changes only the rows that got blocks, and reads the rows
-    it runs with a single gather, instead of rebuilding every table from Python lists.
+    """Every scheduled request's block table as a row of one numpy array, kept from step to
+    step: a step changes only the rows that got blocks, and reads its rows with one gather.
 
         row_of = {"A": 0, "B": 1}       num_blocks = [3, 1]
         block_ids (max_num_reqs, max_num_blocks):
@@ -26,12 +20,8 @@ class BlockTable:
             row 1   [4  .  .  .  .]      B's table      (cells past num_blocks: stale, never read)
 
     `update(request_id, num_kept_blocks, new_block_ids)` applies what the scheduler says changed
-    (`ScheduledRequest`): the first `num_kept_blocks` of the row stay, `new_block_ids` follow
-    them, and the row's length becomes their sum (a table trimmed after rejected drafts is
-    therefore shortened by the next update).  A request with no row must send its whole table
-    (`num_kept_blocks == 0`); `remove` frees the row of a request that finished, was preempted
-    or left.  Rows and columns grow when a step needs more (rare: sized for `max_num_seqs` and
-    `max_model_len`).
+    (`ScheduledRequest`): the row keeps its first `num_kept_blocks`, then `new_block_ids` (a new
+    row must send its whole table); `remove` frees a row.  Rows and columns grow when needed.
 
     Invariant: for every request with a row, `block_ids[row, :num_blocks[row]]` equals its table
     in the block manager whenever the scheduler's output has been applied.
@@ -41,8 +31,7 @@ class BlockTable:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
-        # numpy on the host: its small operations cost a fraction of torch's, and the step's
-        # tensors are made from it with one copy each (torch.from_numpy shares the memory).
+        # numpy: its small operations cost a fraction of torch's.
         self.block_ids = np.zeros((max(1, max_num_reqs), max(1, max_num_blocks)), dtype=np.int64)
         self.num_blocks = np.zeros(self.block_ids.shape[0], dtype=np.int64)  # (max_num_reqs,)
         self.row_of: dict[str, int] = {}
@@ -50,8 +39,7 @@ class BlockTable:
 
     @classmethod
     def of(cls, tables: Sequence[Sequence[int]], block_size: int) -> BlockTable:
-        """A table whose row i holds `tables[i]` (request ids "0", "1", ...), for callers that
-        keep their tables as lists (the draft proposer)."""
+        """A table whose row i holds `tables[i]` (request ids "0", "1", ...)."""
         table = cls(len(tables), max((len(t) for t in tables), default=1), block_size)
         for i, block_ids in enumerate(tables):
             table.update(str(i), 0, block_ids)
@@ -96,24 +84,36 @@ class BlockTable:
 
     def slot_mapping(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """(S,), (S,), (S,) -> (N,): the cache slots of positions [starts[i], ends[i]) of the
-        request in row rows[i], for i in order.  One call of `kv_cache_utils.slot_mapping` per
-        request, with its table as a list.  Raises if a position lies past its row's blocks (the
-        scheduler allocated too little, or the update was not applied)."""
-        slots: list[int] = []
-        for row, start, end in zip(rows.tolist(), starts.tolist(), ends.tolist()):
-            num_blocks = int(self.num_blocks[row])
-            if end > num_blocks * self.block_size:
-                request_id = next(rid for rid, r in self.row_of.items() if r == row)
-                raise ValueError(
-                    f"request {request_id!r}: position {end - 1} lies past its "
-                    f"{num_blocks} blocks of {self.block_size}"
-                )
-            slots += slot_mapping(self.block_ids[row, :num_blocks].tolist(), self.block_size, start, end)
-        return np.array(slots, dtype=np.int64)
+        request in row rows[i], for i in order.  Raises if a position lies past its row's blocks
+        (the scheduler allocated too little, or the update was not applied).
+
+        `kv_cache_utils.slot_mapping`'s arithmetic for the whole step in a few numpy operations;
+        when a build exercise replaced that function, it is called once per request instead, so
+        the learner's version runs."""
+        short = np.flatnonzero(ends > self.num_blocks[rows] * self.block_size)
+        if len(short):
+            row = int(rows[short[0]])
+            request_id = next(rid for rid, r in self.row_of.items() if r == row)
+            raise ValueError(
+                f"request {request_id!r}: position {int(ends[short[0]]) - 1} lies past its "
+                f"{int(self.num_blocks[row])} blocks of {self.block_size}"
+            )
+        if is_overridden("kv_cache.slot_mapping"):
+            slots: list[int] = []
+            for row, start, end in zip(rows.tolist(), starts.tolist(), ends.tolist()):
+                table = self.block_ids[row, : self.num_blocks[row]].tolist()
+                slots += slot_mapping(table, self.block_size, start, end)
+            return np.array(slots, dtype=np.int64)
+        num_new = ends - starts  # (S,)
+        row_of_token = np.repeat(rows, num_new)  # (N,)
+        first_rows = np.cumsum(num_new) - num_new  # (S,) each request's first token of the step
+        positions = np.arange(num_new.sum()) + np.repeat(starts - first_rows, num_new)  # (N,)
+        blocks = self.block_ids[row_of_token, positions // self.block_size]  # (N,)
+        return blocks * self.block_size + positions % self.block_size
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
-        """(S, width) the tables of `rows`, `width` the longest of them (cells past a row's
-        length are stale block ids: readers stop at the context length)."""
+        """(S, width) the tables of `rows`, `width` the longest (cells past a row's length are
+        stale: readers stop at the context length)."""
         width = int(self.num_blocks[rows].max()) if len(rows) else 0
         return self.block_ids[rows, :width]
 

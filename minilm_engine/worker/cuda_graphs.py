@@ -3,37 +3,23 @@
 Contract: `DecodeGraphRunner(model, cache, backend, max_batch_size, max_blocks_per_seq)` runs
 pure decode steps (one new token per sequence, at most `max_batch_size` sequences) and returns
 the hidden states the eager forward returns, writing the same keys and values into the cache.
-`capture()` (CUDA only) records one graph per batch-size bucket; from then on `run` replays the
-graph of the smallest bucket that fits.  Without captured graphs (on a CPU, or before
-`capture()`) `run` executes the very same padded forward eagerly: that is how the CPU tests
-check the padding, and the CUDA tests check graphs against it and against the plain engine.
+`capture()` (CUDA, Triton backend only: the torch reference plans every step on the host, and a
+graph would replay the plan it recorded) records one graph per batch-size bucket; `run` then
+replays the smallest bucket that fits.  Before `capture()` (or on a CPU) `run` executes the same
+padded forward eagerly, which is how the CPU tests check the padding.
 
-Why: a decode step of a small model is launch-bound.  Qwen3-0.6B runs 28 layers of about 15
-kernels each, some 400 launches per step, and at a small batch the GPU finishes each kernel
-sooner than Python issues the next one, so it waits on the CPU.  A graph records the launches
-once; a replay issues all of them in one call.
-
-What a graph demands, and how it is met here:
-
-    fixed shapes      one graph per bucket (1, 2, 4, 8, 16, 24, 32, ...); a step of B
-                      sequences runs in the smallest bucket >= B, padded to it
-    fixed addresses   inputs are copied into static buffers before a replay, and the output is
-                      read from the graph's own output tensor after it
-    nothing per step  the Triton kernels read lengths from device memory.  The torch reference
-    on the host       plans every step on the host (gather indices built with numpy from the
-                      metadata's host copies, then uploaded): a graph would replay the indices
-                      of the step it recorded, so graphs are used with the Triton backend only
-
-Padding rows feed token 0 at position 0, write to the first slot of the cache's scratch block
-(which no request owns) and attend over that one slot:
+Why: a small model's decode step is launch-bound (Qwen3-0.6B: ~400 kernel launches a step, each
+shorter than Python takes to issue the next); a replay issues them all in one call.  A graph
+needs fixed shapes (a step of B sequences runs in the smallest bucket >= B, padded) and fixed
+addresses (inputs are copied into static buffers, the output read from the graph's own tensor).
+Padding rows feed token 0 at position 0, write to the cache's scratch block and attend over
+that one slot:
 
     bucket 8, B = 5      rows 0..4: the step's sequences      rows 5..7: padding
     input_ids            t0 t1 t2 t3 t4                       0  0  0
     slot_mapping         s0 s1 s2 s3 s4                       x  x  x    x = scratch * block_size
     context_lens         l0 l1 l2 l3 l4                       1  1  1
     block_tables         each request's table                 [scratch, ...]
-
-Prefill steps (prompts and chunks) have a different number of tokens every time and run eagerly.
 """
 
 from __future__ import annotations
@@ -49,11 +35,7 @@ from minilm_engine.model import CausalLM
 
 
 def capture_sizes(max_batch_size: int) -> list[int]:
-    """Batch-size buckets, vLLM's pattern: 1, 2, 4, then every multiple of 8, up to the maximum.
-
-    Small batches are where graphs pay most, so they get exact sizes; larger ones waste at most
-    7 padding rows out of 8 or more.
-    """
+    """Batch-size buckets, vLLM's pattern: 1, 2, 4, then every multiple of 8, up to the maximum."""
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
     sizes = [b for b in (1, 2, 4) if b < max_batch_size] + list(range(8, max_batch_size, 8))
@@ -149,9 +131,7 @@ class DecodeGraphRunner:
         with torch.cuda.device(device):
             pool = torch.cuda.graph_pool_handle()
             for bucket in reversed(self.buckets):
-                # Warm-up first, outside the graph: Triton compiles its kernels on their first
-                # call and the caching allocator settles, neither of which may happen during a
-                # capture.
+                # Warm-up outside the graph: Triton compiles on first call, which a capture forbids.
                 self.forward_bucket(bucket)
                 torch.cuda.synchronize(device)
                 graph = torch.cuda.CUDAGraph()
@@ -169,8 +149,7 @@ class DecodeGraphRunner:
         self.positions[:num_seqs].copy_(positions)
         self.slot_mapping[:num_seqs].copy_(meta.slot_mapping)
         self.context_lens[:num_seqs].copy_(meta.context_lens)
-        # Columns past `width` keep older block ids: every kernel stops at context_lens, and the
-        # torch reference masks past it, so they are never used.
+        # Columns past `width` keep older block ids: every kernel stops at context_lens.
         self.block_tables[:num_seqs, :width].copy_(meta.block_tables)
 
     def _clear(self, num_seqs: int) -> None:
@@ -191,4 +170,4 @@ class DecodeGraphRunner:
             max_query_len=1,
         )
         attn = PagedAttention(self.cache, meta, self.backend)
-        return self.model(self.input_ids[None, :bucket], self.positions[None, :bucket], attn)[0]
+        return self.model(self.input_ids[:bucket], self.positions[:bucket], attn)  # (bucket, H)

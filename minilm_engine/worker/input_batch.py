@@ -1,24 +1,18 @@
 """One step's chunks flattened into one forward pass: input ids, positions, attention metadata.
 
-Contract: `flatten_chunks(chunks, block_size, device, block_table=None)` turns a list of `Chunk`s
-(one sequence's share of a step: its request id, the token ids computed this step and the
-position of the first) into the flat inputs of one forward pass, with no padding.  The block
-tables come from `block_table`, the engine's `BlockTable` that its model runner keeps up to date
-from the scheduler's output (each chunk's row is found by its request id); without one, from
-each chunk's own `block_table` list (the draft proposer, over its own block manager).  It reads
-nothing but its arguments, so neither this module nor the model ever reaches into a block
-manager.
+Contract: `flatten_chunks(chunks, block_size, device, block_table=None, buffer=None)` turns
+`Chunk`s (a request's tokens this step and the position of the first) into the flat inputs of
+one forward pass, no padding.  Block tables come from `block_table` (the runner's `BlockTable`,
+rows found by request id) or, without one, from each chunk's own list (the draft proposer).
+It reads nothing but its arguments: nothing here reaches into a block manager.
 
     chunks:       A: [a0 a1 a2 a3] from 0     B: [b7] from 7     C: [c0 c1] from 0
     input_ids:    [ a0 a1 a2 a3 | b7 | c0 c1 ]
     positions:    [  0  1  2  3 |  7 |  0  1 ]
     query_start_loc: [0, 4, 5, 7]    context_lens: [4, 8, 2]
 
-Everything past the token ids is computed for the whole step at once, in numpy (positions,
-slots, lengths: a few array operations, not a Python loop per token), then sent to the device
-in one copy through an `InputBuffer` that lives as long as its owner (the model runner, the
-draft proposer): no tensor is allocated per step.  The metadata keeps the numpy lengths and
-tables (`HostMetadata`), so nobody reads them back from the device.
+Positions, slots and lengths are computed for the whole step in numpy and sent in one copy
+through an `InputBuffer`; the metadata keeps the numpy copies (`HostMetadata`).
 """
 
 from __future__ import annotations
@@ -33,11 +27,10 @@ from minilm_engine.model.attention.paged import HostMetadata, PagedAttentionMeta
 from minilm_engine.worker.block_table import BlockTable
 
 
-@dataclass(slots=True)  # one per request per step: slots make it as cheap as a tuple to build
+@dataclass(slots=True)  # one per request per step: as cheap as a tuple to build
 class Chunk:
-    """One sequence's tokens in a step.  Invariant: its block table (its row of the step's
-    `BlockTable`, or `block_table`) covers positions [start, start + len(token_ids)) (the
-    scheduler allocated those slots)."""
+    """One sequence's tokens in a step.  Invariant: its block table covers positions
+    [start, start + len(token_ids))."""
 
     request_id: str
     token_ids: list[int]
@@ -51,23 +44,17 @@ class Chunk:
 
 
 class InputBuffer:
-    """A step's int64 inputs in memory allocated once and reused every step (vLLM's persistent
-    input buffers): the host lays them side by side in one array, and one copy sends it over.
+    """A step's int64 inputs in memory allocated once and reused (vLLM's persistent input
+    buffers): laid side by side on the host, sent over in one copy.
 
         host (pinned on a GPU)   [ input_ids | positions | slot_mapping | query_start_loc | ... ]
-                                        N           N            N             S + 1
                                  device[:used].copy_(host[:used], non_blocking=True)
         device                   [ the same layout ]   the step's tensors are views of it
 
-    Why pinned, and non_blocking: a copy from ordinary (pageable) memory makes the host wait
-    until the GPU has run everything queued before it; from pinned (page-locked) memory the GPU
-    copies by itself, and the host goes on with the step.  Why allocated once: pinned memory is
-    slow to allocate, and a step should allocate nothing.  On a CPU the host array *is* the
-    device's: the views are handed out and nothing is copied.
-
+    Pinned, so the copy does not make the host wait for the GPU; allocated once, since pinned
+    memory is slow to allocate.  On a CPU the host array is the device's: nothing is copied.
     Invariant: the tensors `upload` returns hold their values until the next `upload` (which
-    first waits, if it must, for the GPU to have copied the last one: they share the host
-    array).  The buffer grows (doubling) when a step needs more, and never shrinks.
+    first waits for the last copy to be done).  Grows by doubling, never shrinks.
     """
 
     def __init__(self, device: torch.device | str, size: int = 1024):

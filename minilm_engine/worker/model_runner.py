@@ -1,29 +1,23 @@
 """One engine step on the model: flatten the scheduled tokens, run, sample.
 
-Contract: `ModelRunner.execute(scheduler_output)` computes keys/values for every
-scheduled token into the paged cache and returns a `ModelRunnerOutput`: per scheduled request,
-the tokens to append (one sampled token, none when the step only computed part of a prompt (a
-chunk), or, for a request verifying drafts (speculative decoding), the accepted drafts and one
-more token), with their logprobs and this chunk's prompt logprobs where the request asked.
-Prompt logprobs take the logits of every prompt row of the chunk, so only requests that ask
-pay for them.  The block tables come from the scheduler's output too: the runner keeps them in
-a `BlockTable` (one row per request, kept between steps) and applies what changed (rows freed,
-new blocks appended); it never asks the block manager.
+Contract: `ModelRunner.execute(scheduler_output)` applies the step's block-table changes to its
+`BlockTable` (it never asks the block manager), computes keys/values for every scheduled token
+into the paged cache and returns a `ModelRunnerOutput`: per request, the tokens to append (one
+sampled token; none for a prompt chunk that does not finish the prompt; the accepted drafts and
+one more for a request verifying drafts), their logprobs, and this chunk's prompt logprobs
+where asked.  All sampled rows go through the LM head in one matmul.
 
     scheduled:    A: 4 prompt tokens   B: 1 decode token   C: 2 of 5 prompt tokens (a chunk)
-    input_ids:    [ a0 a1 a2 a3 | b7 | c0 c1 ]          one row, no padding
+    input_ids:    [ a0 a1 a2 a3 | b7 | c0 c1 ]          flat, no padding
     positions:    [  0  1  2  3 |  7 |  0  1 ]
     logits taken at:         ^a3   ^b7          (C samples nothing until its prompt is done)
 
     with D verifying 2 drafts:   [ ... | d9 x1 x2 | ... ]    logits at d9, x1 and x2
-                                                             (`worker/spec_decode/rejection_sampler.py`)
+                                                             (`spec_decode/rejection_sampler.py`)
 
-The step's inputs go to the device through buffers the runner keeps (`InputBuffer`: pinned and
-copied without waiting on a GPU), and whatever the host needs to know of the step (where each
-request's rows are) it reads from the numpy copies it built, never back from the device.  What
-it does read back is what the step returns: the sampled tokens (a greedy decode step reads
-nothing else), the logprobs asked for, which drafts pass (once for all verifying requests), and,
-for sampling rows, the sampler's check that each distribution is valid.
+The inputs go up through persistent buffers (`InputBuffer`); what the host needs of the step it
+reads from the host copies it built, never back from the device.  It reads back only what the
+step returns: the sampled tokens, the logprobs asked for, the verification's outcome.
 """
 
 from __future__ import annotations
@@ -40,6 +34,7 @@ from minilm_engine.worker.block_table import BlockTable
 from minilm_engine.worker.input_batch import Chunk, InputBuffer, flatten_chunks
 from minilm_engine.model.attention.kv_cache import PagedKVCache
 from minilm_engine.model import CausalLM
+from minilm_engine.model.device import upload
 from minilm_engine.worker.sampler import gather_logprobs, sample_requests
 from minilm_engine.worker.spec_decode.rejection_sampler import rejection_sample_batch
 from minilm_engine.worker.cuda_graphs import DecodeGraphRunner
@@ -61,8 +56,7 @@ class ModelRunner:
         self.block_table = block_table
         self.attention_backend = attention_backend
         self.decode_graphs = decode_graphs
-        # Kept for the runner's lifetime: the step's inputs; then the rows the LM head reads and
-        # the rejection sampler's indices (one after the other: the rows are used by then).
+        # The step's inputs; then the rows the LM head reads and the rejection sampler's indices.
         self.input_buffer = InputBuffer(model.device)
         self.sample_buffer = InputBuffer(model.device, size=4 * block_table.block_ids.shape[0])
 
@@ -84,10 +78,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        """A verifying request's `draft` carries its ids and, for a sampling request, the
-        draft's (k, V) distributions (speculative decoding; greedy requests need none)."""
-        # Triton launches, and graph replays, go to the *current* CUDA device: make it the
-        # model's (it may be cuda:1).
+        # Triton launches and graph replays go to the *current* CUDA device: make it the model's.
         device = self.model.device
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             return self._execute(sched)
@@ -100,12 +91,11 @@ class ModelRunner:
             hidden = graphs.run(input_ids, positions, meta)  # (N, hidden), N == num_seqs
         else:
             attn = PagedAttention(self.cache, meta, self.attention_backend)
-            hidden = self.model(input_ids[None], positions[None], attn)[0]  # (N, hidden)
+            hidden = self.model(input_ids, positions, attn)  # (N, hidden)
         results: list[list[int]] = [[] for _ in scheduled]
         out = ModelRunnerOutput(results, [None] * len(scheduled), self._prompt_logprobs(scheduled, hidden, meta))
-        # Only sequences whose every known token is now computed get a next token: a plain one
-        # from the logits at its last row, a verifying one from the rows of its last token and
-        # its k drafts.  All of them go through the LM head in one matmul.
+        # Requests whose every known token is now computed get tokens: a plain one from its
+        # last row, a verifying one from the rows of its last token and its k drafts.
         plain = [i for i, s in enumerate(scheduled) if s.samples_token and s.draft is None]
         verifying = [i for i, s in enumerate(scheduled) if s.draft is not None]
         if not plain and not verifying:
@@ -121,8 +111,15 @@ class ModelRunner:
             for i, token, logprobs in zip(plain, sampled.token_ids.tolist(), sampled.logprobs):
                 results[i] = [token]
                 out.logprobs[i] = logprobs
-        if verifying:
-            self._verify(scheduled, verifying, logits[len(plain) :], results)
+        if verifying:  # speculative decoding: every verifying request at once
+            requests = [scheduled[i].request for i in verifying]
+            accepted = rejection_sample_batch(
+                [scheduled[i].draft for i in verifying], logits[len(plain) :],
+                [r.sampling_params for r in requests], [r.generator for r in requests],
+                self.sample_buffer,
+            )
+            for i, tokens in zip(verifying, accepted):
+                results[i] = tokens
         return out
 
     def _prompt_logprobs(self, scheduled, hidden: torch.Tensor, meta) -> list[PromptLogprobs | None]:
@@ -141,19 +138,7 @@ class ModelRunner:
             num_rows = end - s.num_computed_tokens
             logits = self.model.compute_logits(hidden[starts[i] : starts[i] + num_rows])  # (num_rows, V)
             targets = s.request.prompt_token_ids[s.num_computed_tokens + 1 : end + 1]
-            chosen = torch.tensor(targets, dtype=torch.long, device=logits.device)
+            chosen = upload(targets, logits.device, torch.long)
             logprobs = gather_logprobs(torch.log_softmax(logits.float(), dim=-1), chosen, k)
             found[i] = PromptLogprobs(s.num_computed_tokens + 1, logprobs)
         return found
-
-    def _verify(self, scheduled, verifying, logits, results) -> None:
-        """Speculative decoding: `logits` (sum of k + 1, V) at the last k + 1 rows of each
-        verifying request (its last token and its k drafts), then the rejection sampler for all
-        of them at once."""
-        requests = [scheduled[i].request for i in verifying]
-        accepted = rejection_sample_batch(
-            [scheduled[i].draft for i in verifying], logits,
-            [r.sampling_params for r in requests], [r.generator for r in requests], self.sample_buffer,
-        )
-        for i, tokens in zip(verifying, accepted):
-            results[i] = tokens

@@ -1,28 +1,20 @@
 """Logits -> next tokens (and their logprobs).  The last step of every serving strategy.
 
-Contract: `sample(logits, params, generators)` returns one token id per row.  Greedy rows take
-the argmax; sampling rows apply temperature, then min-p, then top-k, then top-p (vLLM's order),
-and draw with the row's own seeded `torch.Generator`, so a request's output does not depend on
-which other requests share its batch.
+Contract: `sample(logits, params, generators)` returns one token id per row: greedy rows take
+the argmax; sampling rows apply temperature, min-p, top-k, top-p (vLLM's order) and draw with
+the row's own seeded `torch.Generator`, so a request's output does not depend on its batch.
+`sample_requests(logits, requests)`, the engine's entry, first applies the processors that
+read a request's history, in vLLM V1's order:
 
-`sample_requests(logits, requests)` is the engine's entry: it also applies the logits
-processors that depend on a request's history, before `sample`, in vLLM V1's order:
-
-    raw logits ──> grammar rows: -inf where the grammar forbids the token (structured outputs,
-        │          `worker/structured_output.py`; as vLLM, before everything else)
+    raw logits ──> grammar rows: -inf where the grammar forbids (`worker/structured_output.py`)
         ▼
-    logits ──────> logprobs = log_softmax(logits)            (what `logprobs` reports: the model's
-        │                                                   own distribution, vLLM's default
-        ▼                                                   "raw_logprobs")
-    min_tokens: EOS and stop tokens -> -inf while fewer than min_tokens outputs exist
-    logit_bias: + bias[token]
-    repetition_penalty (prompt and output tokens), then frequency and presence (output tokens)
-        │
+    logits ──────> logprobs = log_softmax(logits)   (the model's own distribution)
+        ▼
+    min_tokens (EOS and stop tokens -> -inf), logit_bias, repetition / frequency / presence
         ▼
     greedy: argmax          sampling: / temperature -> min_p -> top_k -> top_p -> draw
 
-Rows whose params change nothing skip the processors, so the plain path stays as cheap, and
-as exact, as before.
+Rows whose params change nothing skip the processors.
 """
 
 from __future__ import annotations
@@ -34,6 +26,7 @@ import torch
 
 from minilm_engine.core.sampling_params import SamplingParams
 from minilm_engine.core.outputs import TokenLogprobs
+from minilm_engine.model.device import upload
 from minilm_engine.worker.structured_output import apply_grammar_bitmask
 
 if TYPE_CHECKING:
@@ -67,9 +60,8 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 
 
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits: (V,) -> the distribution a sampling request draws from: temperature, then
-    min-p, then top-k, then top-p, then softmax.  (Speculative decoding applies it to both
-    models.)"""
+    """logits: (V,) -> the distribution a sampling request draws from: temperature, min-p,
+    top-k, top-p, softmax (speculative decoding applies it to both models)."""
     scaled = apply_min_p(logits / params.temperature, params.min_p)
     return torch.softmax(apply_top_k_top_p(scaled, params.top_k, params.top_p), dim=-1)
 
@@ -78,9 +70,7 @@ CPU_CHUNK_BYTES = 1 << 21  # float32 logits per chunk of rows on a CPU: about an
 
 
 def sample_one_at_a_time(
-    logits: torch.Tensor,
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> torch.Tensor:
     """The readable reference of `sample`: logits (B, V) float32 -> (B,) int64, one row at a
     time, each drawn by torch.multinomial with the row's generator."""
@@ -106,28 +96,28 @@ def _put(x: torch.Tensor, rows: list[int], values: torch.Tensor) -> torch.Tensor
 
 
 def batched_sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """logits: (S, V) -> (S, V): `sampling_probs` of every row, computed for all rows at once
-    (row i with params[i]); the same float operations per row, so the same bits.  Only rows
-    that ask for min-p, top-k or top-p pay for them, and only top-p sorts."""
-    temperatures = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
+    """logits: (S, V) -> (S, V): `sampling_probs` of every row (row i with params[i]), all at
+    once, the same float operations per row (the same bits); only rows that ask pay for each."""
+    device = logits.device
+    temperatures = upload([p.temperature for p in params], device, logits.dtype)
     scaled = logits / temperatures[:, None]  # (S, V)
     rows = [i for i, p in enumerate(params) if p.min_p > 0]
     if rows:
-        min_p = torch.tensor([params[i].min_p for i in rows], dtype=logits.dtype, device=logits.device)
+        min_p = upload([params[i].min_p for i in rows], device, logits.dtype)
         some = _take(scaled, rows)  # (R, V)
         probs = torch.softmax(some, dim=-1)
         scaled = _put(scaled, rows, some.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), float("-inf")))
     vocab_size = logits.shape[-1]
     rows = [i for i, p in enumerate(params) if p.top_k and p.top_k < vocab_size]
     if rows:
-        top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)
+        top_k = upload([params[i].top_k for i in rows], device)
         some = _take(scaled, rows)  # (R, V)
         best = torch.topk(some, int(top_k.max()), dim=-1).values  # (R, max k), best first
         kth_best = best.gather(1, top_k[:, None] - 1)  # (R, 1)
         scaled = _put(scaled, rows, some.masked_fill(some < kth_best, float("-inf")))
     rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
     if rows:
-        top_p = torch.tensor([params[i].top_p for i in rows], dtype=logits.dtype, device=logits.device)
+        top_p = upload([params[i].top_p for i in rows], device, logits.dtype)
         some = _take(scaled, rows)  # (R, V)
         sorted_logits, order = torch.sort(some, dim=-1, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
@@ -142,21 +132,15 @@ def batched_sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -
 
 
 def sample(
-    logits: torch.Tensor,
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> torch.Tensor:
-    """logits: (B, V) float32 -> (B,) int64 next-token ids, all sampling rows at once.
-
-    The draw is torch.multinomial's own for one sample, done for the whole batch: token =
-    argmax(p / q) with q ~ Exp(1) (the exponential race: P(argmax = i) = p_i), each row's q
-    drawn from that row's generator exactly as multinomial draws it.  So a request gets the
-    token `sample_one_at_a_time` gives it, whoever shares its batch (tests check this)."""
+    """logits: (B, V) float32 -> (B,) int64 next-token ids, all sampling rows at once: the
+    token `sample_one_at_a_time` gives each row.  torch.multinomial's own draw of one sample,
+    argmax(p / q) with q ~ Exp(1) from the row's generator (P(argmax = i) = p_i)."""
     next_tokens = logits.argmax(dim=-1)  # greedy for everyone; sampling rows overwrite below
     rows = [i for i, p in enumerate(params) if not p.greedy]
-    # On a CPU, (rows, vocab) passes that outgrow the cache cost more than they save (measured
-    # by benchmarks/sampler_cost.py: all 64 rows of a 151,936 vocabulary at once were slower
-    # than one at a time), so rows go in chunks of about CPU_CHUNK_BYTES; elsewhere all at once.
+    # On a CPU, rows go in chunks of about CPU_CHUNK_BYTES: passes that outgrow the cache cost
+    # more than they save (benchmarks/sampler_cost.py).
     chunk = len(rows) if logits.device.type != "cpu" else max(1, CPU_CHUNK_BYTES // (4 * logits.shape[-1]))
     for start in range(0, len(rows), chunk):
         some = rows[start : start + chunk]
@@ -174,24 +158,15 @@ def sample(
 
 def token_counts(token_ids: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:
     """-> (V,) how often each token id occurs in `token_ids`."""
-    ids = torch.tensor(token_ids, dtype=torch.long, device=device)
+    ids = upload(token_ids, device, torch.long)
     return torch.bincount(ids, minlength=vocab_size)[:vocab_size].to(torch.float32)
 
 
-def apply_penalties(
-    logits: torch.Tensor,
-    prompt_token_ids: list[int],
-    output_token_ids: list[int],
-    params: SamplingParams,
-) -> torch.Tensor:
-    """logits: (V,) -> penalised logits (a new tensor), as vLLM's `apply_penalties`:
-
-    repetition (transformers' RepetitionPenaltyLogitsProcessor): every token seen in the
-        prompt or the output has a positive logit divided by the penalty, a negative one
-        multiplied by it;
-    frequency and presence (OpenAI's definition, output tokens only):
-        logit -= frequency_penalty * count(token) + presence_penalty * (count(token) > 0).
-    """
+def apply_penalties(logits: torch.Tensor, prompt_token_ids: list[int], output_token_ids: list[int],
+                    params: SamplingParams) -> torch.Tensor:
+    """logits: (V,) -> penalised logits (a new tensor), as vLLM's `apply_penalties`: repetition
+    (a seen token's positive logit divided by the penalty, a negative one multiplied), then
+    frequency and presence on output tokens (OpenAI's definition)."""
     vocab_size = logits.shape[-1]
     output_counts = token_counts(output_token_ids, vocab_size, logits.device)  # (V,)
     logits = logits.clone()
@@ -206,14 +181,14 @@ def apply_penalties(
 
 def apply_logit_bias(logits: torch.Tensor, logit_bias: dict[int, float]) -> torch.Tensor:
     """logits: (V,) -> logits + bias at the biased ids (a new tensor)."""
-    ids = torch.tensor(list(logit_bias), dtype=torch.long, device=logits.device)
-    bias = torch.tensor(list(logit_bias.values()), dtype=logits.dtype, device=logits.device)
+    ids = upload(list(logit_bias), logits.device, torch.long)
+    bias = upload(list(logit_bias.values()), logits.device, logits.dtype)
     return logits.index_add(0, ids, bias)
 
 
 def apply_min_tokens(logits: torch.Tensor, stop_token_ids: list[int]) -> torch.Tensor:
     """logits: (V,) -> -inf at the tokens that would end the request (while it is too short)."""
-    ids = torch.tensor(stop_token_ids, dtype=torch.long, device=logits.device)
+    ids = upload(stop_token_ids, logits.device, torch.long)
     return logits.index_fill(0, ids, float("-inf"))
 
 

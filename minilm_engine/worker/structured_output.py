@@ -1,17 +1,15 @@
 """Structured outputs in the sampler: the grammar rows' token bitmask, applied as one masked fill.
 
 Contract: `apply_grammar_bitmask(logits, requests)` returns `logits` itself when no request has
-a grammar (so unconstrained batches are untouched, bit for bit), else a copy in which every
-token a row's grammar does not allow next is -inf; rows without a grammar are copied as they
-are.  The bitmask is xgrammar's layout, one int32 word per 32 tokens:
+a grammar, else a copy in which every token a row's grammar does not allow next is -inf.  The
+bitmask is xgrammar's layout, one int32 word per 32 tokens:
 
     bitmask (G, ceil(V / 32)) int32        word i, bit j  ->  token 32 * i + j allowed?
     unpack:  (G, W, 1) >> [0, 1, ..., 31] & 1  ->  (G, W, 32)  ->  (G, 32 * W)[:, :V]  bool
     logits[grammar rows] = logits[grammar rows].masked_fill(~allowed, -inf)
 
-Each matcher fills its own row (xgrammar's C++ does the walk over the vocabulary); the unpack
-and the fill are one tensor operation for all grammar rows, on the logits' device.  Tokens past
-the bitmask's width (logits wider than the vocabulary the grammar knows) are never allowed.
+Each matcher fills its own row; the unpack and the fill are one operation for all grammar rows.
+Tokens past the bitmask's width are never allowed.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+
 
 if TYPE_CHECKING:
     from minilm_engine.core.request import Request

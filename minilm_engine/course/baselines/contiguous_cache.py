@@ -1,8 +1,10 @@
 """Contiguous KV caches: one big tensor per layer, every row reserved up to `max_len`.
 
 Contract: a cache object is an `AttentionContext` for one model forward at a time.  Call
-`begin_step(new_valid)` with which of the new tokens are real (False = padding), run the model,
-and the keys/values of those tokens stay in the cache for the next step.
+`begin_step(new_valid)` with which of the new tokens are real (False = padding), run the model
+on the B x T batch flattened row by row (the model takes flat tokens; the cache folds its
+(N, H, D) back into (B, T, H, D)), and the keys/values of those tokens stay in the cache for the
+next step.
 
     slot:     0    1    2    3    4    5    6    7   ... max_len-1
     row 0:  [pad][pad][ t0 ][ t1 ][ t2 ][ t3 ][    ][    ]   <- left padding, never attended
@@ -23,7 +25,13 @@ from minilm_engine.model.attention import NoKVCache, attention, causal_mask
 from minilm_engine.model.config import ModelConfig
 from minilm_engine.pluggable import replaceable
 
-__all__ = ["ContiguousKVCache", "NoKVCache"]
+__all__ = ["ContiguousKVCache", "NoKVCache", "forward_rows"]
+
+
+def forward_rows(model, input_ids: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+    """The model over a padded batch: input_ids, positions (B, T) -> hidden (B, T, hidden).  The
+    model takes flat tokens; `attn` (a `ContiguousKVCache` or `NoKVCache` of B rows) folds them."""
+    return model(input_ids.flatten(), positions.flatten(), attn).view(*input_ids.shape, -1)
 
 
 class ContiguousKVCache:
@@ -67,7 +75,12 @@ class ContiguousKVCache:
         self._start, self.num_used_slots = start, end
 
     def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
-        return append_and_attend(self.k[layer_idx], self.v[layer_idx], self._start, q, k, v, self._mask)
+        """q: (N, H, D), k, v: (N, H_kv, D), N = B * T, row by row -> (N, H, D)."""
+        batch_size = self.key_valid.shape[0]
+        q, k, v = (x.view(batch_size, -1, *x.shape[1:]) for x in (q, k, v))  # (B, T, ., D)
+        k_cache, v_cache = self.k[layer_idx], self.v[layer_idx]
+        out = append_and_attend(k_cache, v_cache, self._start, q, k, v, self._mask)
+        return out.flatten(0, 1)
 
 
 @replaceable("kv_cache.append_and_attend")

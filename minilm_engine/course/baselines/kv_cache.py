@@ -31,13 +31,13 @@ class KVCacheStrategy(Strategy):
                 dtype=self.model.dtype,
                 device=device,
             )
-            ids = torch.tensor([request.prompt_token_ids], device=device)  # prefill: (1, P)
-            positions = torch.arange(ids.shape[1], device=device)[None]
+            ids = torch.tensor(request.prompt_token_ids, device=device)  # prefill: (P,)
+            positions = torch.arange(len(ids), device=device)
             while not request.finished:
-                cache.begin_step(torch.ones_like(ids, dtype=torch.bool))
-                hidden = self.model(ids, positions, cache)  # (1, T, hidden)
-                self.sample_and_append([request], self.model.compute_logits(hidden[:, -1]))
+                cache.begin_step(torch.ones(1, len(ids), dtype=torch.bool, device=device))
+                hidden = self.model(ids, positions, cache)  # (T, hidden)
+                self.sample_and_append([request], self.model.compute_logits(hidden[-1:]))
                 yield [request]
                 # decode: only the newest token goes in; its position is the sequence length - 1
-                ids = torch.tensor([[request.output_token_ids[-1]]], device=device)  # (1, 1)
-                positions = torch.tensor([[request.num_tokens - 1]], device=device)
+                ids = torch.tensor([request.output_token_ids[-1]], device=device)  # (1,)
+                positions = torch.tensor([request.num_tokens - 1], device=device)

@@ -25,10 +25,9 @@ class NoCacheStrategy(Strategy):
         for request in requests:  # one request at a time
             self.mark_running([request])
             while not request.finished:
-                ids = torch.tensor([request.all_token_ids], device=device)  # (1, T)
-                T = ids.shape[1]
-                positions = torch.arange(T, device=device)[None]  # (1, T)
-                valid = torch.ones(1, T, dtype=torch.bool, device=device)
-                hidden = self.model(ids, positions, NoKVCache(valid))  # (1, T, hidden)
-                self.sample_and_append([request], self.model.compute_logits(hidden[:, -1]))
+                ids = torch.tensor(request.all_token_ids, device=device)  # (T,)
+                positions = torch.arange(len(ids), device=device)  # (T,)
+                valid = torch.ones(1, len(ids), dtype=torch.bool, device=device)  # one row of T
+                hidden = self.model(ids, positions, NoKVCache(valid))  # (T, hidden)
+                self.sample_and_append([request], self.model.compute_logits(hidden[-1:]))
                 yield [request]

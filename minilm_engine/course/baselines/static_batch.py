@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
-from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache
+from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache, forward_rows
 from minilm_engine.core.request import Request
 from minilm_engine.course.baselines.base import Strategy
 
@@ -51,7 +51,7 @@ class StaticBatchStrategy(Strategy):
         self.mark_running(batch)
         while True:
             cache.begin_step(valid)
-            hidden = self.model(ids, positions, cache)  # (B, T, hidden)
+            hidden = forward_rows(self.model, ids, positions, cache)  # (B, T, hidden)
             logits = self.model.compute_logits(hidden[:, -1])  # (B, V)
             active = [row for row, r in enumerate(batch) if not r.finished]
             self.sample_and_append([batch[row] for row in active], logits[active])

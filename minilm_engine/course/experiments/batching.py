@@ -38,7 +38,7 @@ import torch
 
 from minilm_engine.course.noodle_corpus import sample_prompts
 from minilm_engine.course.machine import describe_machine
-from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache
+from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache, forward_rows
 from minilm_engine.model.fused_cpu import fused_weight_bytes
 from minilm_engine.core.outputs import RequestOutput
 # one count of weight bytes for the package (a tied embedding once; a quantized layer's codes,
@@ -232,7 +232,7 @@ def time_decode_step(
     ids = torch.randint(vocab, (batch_size, context_len), generator=generator).to(device)  # (B, P)
     positions = torch.arange(context_len, device=device)[None].expand(batch_size, -1)  # (B, P)
     cache.begin_step(torch.ones(batch_size, context_len, dtype=torch.bool, device=device))
-    hidden = model(ids, positions, cache)  # (B, P, hidden)
+    hidden = forward_rows(model, ids, positions, cache)  # (B, P, hidden)
     next_ids = model.compute_logits(hidden[:, -1]).argmax(-1)[:, None]  # (B, 1)
     one_valid = torch.ones(batch_size, 1, dtype=torch.bool, device=device)
     # 2. Decode steps, one token per request each, timed one by one (the first is a warm-up).
@@ -242,7 +242,7 @@ def time_decode_step(
         _sync(device)
         start = time.perf_counter()
         cache.begin_step(one_valid)
-        hidden = model(next_ids, positions, cache)  # (B, 1, hidden)
+        hidden = forward_rows(model, next_ids, positions, cache)  # (B, 1, hidden)
         next_ids = model.compute_logits(hidden[:, -1]).argmax(-1)[:, None]  # (B, 1)
         _sync(device)
         times.append(time.perf_counter() - start)

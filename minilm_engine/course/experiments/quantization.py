@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from minilm_engine.course.noodle_corpus import generate_documents, make_receipt
 from minilm_engine.course.experiments.cost import audit_receipt
-from minilm_engine.course.baselines.contiguous_cache import NoKVCache
+from minilm_engine.course.baselines.contiguous_cache import NoKVCache, forward_rows
 from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.model.quantization import QuantizationConfig, quantize_model
 from minilm_engine.course.experiments.qat import fake_quantized
@@ -83,7 +83,8 @@ def next_token_loss(model, batch: torch.Tensor) -> torch.Tensor:
     batch = batch.to(model.device)
     inputs = batch[:, :-1]
     positions = torch.arange(inputs.shape[1], device=model.device).expand_as(inputs)
-    hidden = model(inputs, positions, NoKVCache(torch.ones_like(inputs, dtype=torch.bool)))
+    valid = torch.ones_like(inputs, dtype=torch.bool)
+    hidden = forward_rows(model, inputs, positions, NoKVCache(valid))
     logits = model.compute_logits(hidden)  # (b, L, V)
     return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from minilm_engine.course.noodle_corpus import sample_prompts
-from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache
+from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache, forward_rows
 from minilm_engine.entrypoints.llm import LLM
 from minilm_engine.core.sampling_params import SamplingParams
 from minilm_engine.core.spec_decode_stats import SpecDecodingStats, expected_tokens_per_round
@@ -199,7 +199,8 @@ def time_verify_forward_repeats(
     cache = ContiguousKVCache(model.config, batch_size, context_len + max_new, model.dtype, device)
     prompt = torch.randint(vocab, (batch_size, context_len), generator=gen).to(device)  # (B, P)
     cache.begin_step(torch.ones(batch_size, context_len, dtype=torch.bool, device=device))
-    model(prompt, torch.arange(context_len, device=device)[None].expand(batch_size, -1), cache)
+    prompt_positions = torch.arange(context_len, device=device)[None].expand(batch_size, -1)
+    forward_rows(model, prompt, prompt_positions, cache)
     inputs = {}
     for t in num_new_tokens:
         ids = torch.randint(vocab, (batch_size, t), generator=gen).to(device)  # (B, T)
@@ -215,7 +216,7 @@ def time_verify_forward_repeats(
             _sync(device)
             start = time.perf_counter()
             cache.begin_step(torch.ones(batch_size, t, dtype=torch.bool, device=device))
-            hidden = model(ids, positions, cache)  # (B, T, hidden)
+            hidden = forward_rows(model, ids, positions, cache)  # (B, T, hidden)
             model.compute_logits(hidden)  # the verifier needs every row's logits
             _sync(device)
             if repeat:
@@ -297,10 +298,11 @@ def target_distribution(model, prompt_ids: list[int], params: SamplingParams, nu
     for _ in range(num_tokens):
         grown = {}
         for prefix, prob in dist.items():
-            ids = torch.tensor([prompt_ids + list(prefix)], device=model.device)  # (1, T)
-            positions = torch.arange(ids.shape[1], device=model.device)[None]
-            hidden = model(ids, positions, NoKVCache(torch.ones_like(ids, dtype=torch.bool)))
-            probs = sampling_probs(model.compute_logits(hidden[0, -1]), params).cpu()  # (V,)
+            ids = torch.tensor(prompt_ids + list(prefix), device=model.device)  # (T,)
+            positions = torch.arange(len(ids), device=model.device)
+            valid = torch.ones(1, len(ids), dtype=torch.bool)  # one row of T
+            hidden = model(ids, positions, NoKVCache(valid))  # (T, hidden)
+            probs = sampling_probs(model.compute_logits(hidden[-1]), params).cpu()  # (V,)
             for token in (probs > 0).nonzero().flatten().tolist():
                 grown[prefix + (token,)] = prob * probs[token].item()
         dist = grown

@@ -1,29 +1,23 @@
 """Attention backends: who plans a step, writes the paged KV cache and attends over it.
 
-Contract: `get_attention_backend(name, device, dtype)` returns an `AttentionBackend`, three
-methods that the model's attention context (`context.PagedAttention`) calls in this order:
+Contract: `get_attention_backend(name, device, dtype)` returns an `AttentionBackend`, whose
+methods the attention context (`context.PagedAttention`) calls in this order:
 
     plan = backend.plan(meta, block_size, num_kv_heads)    once per step, before the first layer
     for each layer:
         backend.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)   k, v: (N, H_kv, D)
         out = backend.attend(q, k_cache, v_cache, plan)               q: (N, H, D) -> (N, H, D)
 
-The plan is whatever the backend works out once from the step's metadata and every layer
-reuses: the torch reference's gather indices (`paged.ReferencePlan`, built with numpy from the
-metadata's host copies, so nothing is read back from the device), the Triton backend's choice
-of kernel (`TritonPlan`, from shapes only, so no host sync and a CUDA graph can record it).  It belongs to the step, not to the metadata: the same metadata
-planned by two backends gives two plans.  `attend(q, k_cache, v_cache, meta)` (metadata instead
-of a plan) plans on the spot, for one-off calls.
+The plan is what a backend works out once per step from the metadata: the torch reference's
+gather indices (from the host copies), the Triton backend's choice of kernel (from shapes only,
+so a CUDA graph can record it).  `attend` also takes metadata instead, and plans on the spot.
 
-    "torch"   the reference: readable, runs anywhere, the definition the others are tested against
-    "cpu"     `cpu.py`: torch's SDPA for prompts and chunks (no T x T scores written) and a
-              compiled decode kernel that reads each cached key once, in place (no gather)
-    "triton"  the kernels of triton_*.py: on a CUDA GPU, or on the CPU under the Triton
-              interpreter (TRITON_INTERPRET=1 set before they are imported; slow, for tests)
+    "torch"   the reference (`paged.py`): readable, runs anywhere; the others are tested against it
+    "cpu"     `cpu.py`: SDPA for prompts and chunks, a compiled decode kernel reading keys in place
+    "triton"  the triton_*.py kernels: on a CUDA GPU, or under TRITON_INTERPRET=1 on a CPU (tests)
     "auto"    "triton" on a CUDA GPU when Triton imports, "cpu" on a CPU, "torch" otherwise
 
-Asking for "triton" where it cannot run is not an error: the engine warns, says why, and runs
-the torch reference instead.
+Asking for "triton" where it cannot run warns, says why, and runs the torch reference.
 """
 
 from __future__ import annotations
@@ -56,12 +50,9 @@ class AttentionBackend(ABC):
     def plan(self, meta: PagedAttentionMetadata, block_size: int, num_kv_heads: int):
         """The step's plan, for caches of (num_blocks, block_size, num_kv_heads, D)."""
 
-    @abstractmethod
-    def write_kv(
-        self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
+    def write_kv(self, k_cache, v_cache, k, v, slot_mapping: torch.Tensor) -> None:
         """k, v: (N, H_kv, D) -> stored at `slot_mapping` (N,) in this layer's caches."""
+        write_kv_reference(k_cache, v_cache, k, v, slot_mapping)
 
     @abstractmethod
     def _attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan) -> torch.Tensor:
@@ -81,9 +72,6 @@ class TorchBackend(AttentionBackend):
 
     def plan(self, meta: PagedAttentionMetadata, block_size: int, num_kv_heads: int) -> ReferencePlan:
         return plan_reference_attention(meta, block_size, num_kv_heads)
-
-    def write_kv(self, k_cache, v_cache, k, v, slot_mapping) -> None:
-        write_kv_reference(k_cache, v_cache, k, v, slot_mapping)
 
     def _attend(self, q, k_cache, v_cache, plan: ReferencePlan) -> torch.Tensor:
         return paged_attention_reference(q, k_cache, v_cache, plan.meta, plan)
@@ -106,9 +94,9 @@ def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
         capability = torch.cuda.get_device_capability(device)
         if capability < (7, 5):
             return "Triton needs a GPU of compute capability 7.5 or newer"
-        if capability < (8, 0) and _triton_version() >= (3, 3):
-            # Triton 3.3+ dropped sm75 ("sm75 is not currently supported", triton#10918): a T4.
-            return (f"Triton {_triton_version_text()} does not support compute capability "
+        version = _triton_version()
+        if capability < (8, 0) and version[:2] >= (3, 3):  # Triton 3.3+ dropped sm75 (triton#10918)
+            return (f"Triton {version[2]} does not support compute capability "
                     f"{capability[0]}.{capability[1]} (e.g. a T4); it needs 8.0 or newer")
         if dtype == torch.bfloat16 and capability < (8, 0):
             return "Triton compiles bfloat16 only for compute capability 8.0 or newer (use float16)"
@@ -122,15 +110,12 @@ def triton_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
     )
 
 
-def _triton_version_text() -> str:
+def _triton_version() -> tuple[int, int, str]:
+    """(major, minor, the version text) of the installed Triton."""
     import triton
 
-    return triton.__version__
-
-
-def _triton_version() -> tuple[int, int]:
-    major, minor = _triton_version_text().split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0), triton.__version__
 
 
 @dataclass(frozen=True)
@@ -166,9 +151,7 @@ class TritonBackend(AttentionBackend):
         }
 
     def plan(self, meta: PagedAttentionMetadata, block_size: int, num_kv_heads: int) -> TritonPlan:
-        # Every scheduled sequence has at least one new token, so N == S means one query each:
-        # a pure decode step, the common case once prompts are in.  Anything else (prompts,
-        # chunks, or decodes mixed with them) goes to the prefill kernel, which handles all.
+        # N == S: one query each, a pure decode step.  Anything else goes to the prefill kernel.
         if meta.num_tokens != meta.num_seqs:
             return TritonPlan(meta, "prefill")
         # Few sequences leave most of the GPU idle in the plain kernel: split their contexts.
@@ -177,15 +160,10 @@ class TritonBackend(AttentionBackend):
         return TritonPlan(meta, "split" if split else "decode")
 
     def write_kv(self, k_cache, v_cache, k, v, slot_mapping) -> None:
-        self._write_kv(k_cache, v_cache, k, v, slot_mapping)
+        self._write_kv(k_cache, v_cache, k, v, slot_mapping)  # the Triton kernel
 
     def _attend(self, q, k_cache, v_cache, plan: TritonPlan) -> torch.Tensor:
         return self._kernels[plan.kernel](q, k_cache, v_cache, plan.meta)
-
-
-def make_triton_backend(num_sms: int = 0) -> TritonBackend:
-    """The Triton kernels (see `TritonBackend`); imports Triton."""
-    return TritonBackend(num_sms)
 
 
 def get_attention_backend(
@@ -211,7 +189,7 @@ def get_attention_backend(
     if reason is None:
         # On the CPU (the interpreter, for tests) the split decode kernel is tested on its own.
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
-        return make_triton_backend(num_sms)
+        return TritonBackend(num_sms)
     if name == "triton":
         warnings.warn(f"attention_backend='triton' cannot run: {reason}. Using the torch reference.", stacklevel=2)
     return TORCH_BACKEND

@@ -1,19 +1,11 @@
 """The model's attention context for one engine step over a paged KV cache.
 
-Contract: `PagedAttention(cache, metadata, backend)` is an `AttentionContext` for one step.
-Built before the forward pass, it asks `backend` (`backends.py`: the torch reference or the
-Triton kernels) for the step's plan, once; then for each layer the model calls `attend`, which
-writes the layer's new keys/values into the slots `metadata.slot_mapping` names and attends
-each sequence over its own blocks, both through `backend`, with that one plan:
-
-    PagedAttention(cache, meta, backend)    plan = backend.plan(meta, block_size, H_kv)
-    layer 0: attend(0, q, k, v)             backend.write_kv(...); backend.attend(..., plan)
-    layer 1: attend(1, q, k, v)             backend.write_kv(...); backend.attend(..., plan)
-    ...
-
+Contract: `PagedAttention(cache, metadata, backend)` is an `AttentionContext` for one step: built
+before the forward pass, it asks `backend` (`backends.py`) for the step's plan, once; for each
+layer the model calls `attend`, which writes the layer's new keys/values into the slots
+`metadata.slot_mapping` names and attends each sequence over its own blocks, with that plan.
 `cache` is anything with per-layer lists `k` and `v` of (num_blocks, block_size, H_kv, D)
-tensors (`kv_cache.paged.PagedKVCache`, or the draft's cache): attention reads the tensors and
-owns none, so it imports nothing from `kv_cache/`.
+tensors (`kv_cache.PagedKVCache`, or the draft's cache).
 """
 
 from __future__ import annotations
@@ -32,12 +24,8 @@ class PagedTensors(Protocol):
 
 
 class PagedAttention:
-    """`AttentionContext` for one engine step over a paged cache.
-
-    `backend` (from `attention.backends.get_attention_backend`) plans, writes and attends;
-    None means the torch reference (`model/attention/paged.py`).  All layers share one cache
-    geometry, so the plan made here serves every one of them.
-    """
+    """`backend`: None means the torch reference.  All layers share one cache geometry, so one
+    plan serves every layer."""
 
     def __init__(
         self, cache: PagedTensors, meta: PagedAttentionMetadata, backend: AttentionBackend | None = None
@@ -49,7 +37,7 @@ class PagedAttention:
         self.plan = self.backend.plan(meta, block_size, num_kv_heads)
 
     def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
-        # The model gives (1, N, ., D): one flattened row holding every sequence's new tokens.
+        """q: (N, H, D), k, v: (N, H_kv, D), every sequence's new tokens -> (N, H, D)."""
         k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
-        self.backend.write_kv(k_cache, v_cache, k[0], v[0], self.meta.slot_mapping)
-        return self.backend.attend(q[0], k_cache, v_cache, self.plan)[None]
+        self.backend.write_kv(k_cache, v_cache, k, v, self.meta.slot_mapping)
+        return self.backend.attend(q, k_cache, v_cache, self.plan)

@@ -1,27 +1,17 @@
 """The CPU attention backend: attention that costs what its FLOPs and its keys cost.
 
 Contract: `CpuBackend` is an `AttentionBackend` (`backends.py`) whose `attend` gives what the
-torch reference (`paged.paged_attention_reference`) gives, to float rounding, for any step:
-prompts, chunks after a cached prefix, decodes, side by side.  It is what "auto" runs on a CPU.
+torch reference (`paged.paged_attention_reference`) gives, to float rounding, for any step.  It
+is what "auto" runs on a CPU.  Its plan (`CpuPlan`) is built once per step from the host copies.
 
-    a step's sequences           how they are attended
-    decodes (1 query each)       `paged_decode` (cpu_paged_decode.cpp): each key and value read
-                                 once where it lies in its block, all decodes in one call;
-                                 without the compiled kernel, torch's SDPA over a copy of
-                                 their blocks (one copy, whole blocks, no per-row gather)
-    prompts and chunks           per sequence, torch's SDPA (`F.scaled_dot_product_attention`,
-                                 a flash kernel on the CPU: the T x L scores are never
-                                 written) over its blocks, copied once (L keys, small beside
-                                 the T x L work); causal from the bottom right, so a chunk's
-                                 queries see the cached prefix and themselves
+    decodes (1 query each)   `paged_decode` (cpu_paged_decode.cpp): each key and value read once
+                             where it lies in its block, all decodes in one call; without the
+                             compiled kernel, SDPA over a copy of their keys
+    prompts and chunks       per sequence, torch's SDPA (a flash kernel: the T x L scores are
+                             never written) over its blocks, causal from the bottom right
 
-Why: the reference writes the (T, L) scores of every head in float32 (2 GiB for one 2048-token
-prompt on Qwen3-0.6B's 16 heads... per layer 256 MiB) and, for a decode, copies every key and
-value of the batch into a padded tensor before reading them again.  `benchmarks/attention.py`
-measures both against this backend.
-
-The plan (`CpuPlan`) is built once per step on the host from the metadata's host copies, like
-the reference's: the decodes' rows, block tables and lengths, and each chunk's rows and blocks.
+Why: the reference writes every head's (T, L) scores in float32 (256 MiB per layer for a
+2048-token prompt on Qwen3-0.6B) and copies a decode batch's keys into a padded tensor.
 """
 
 from __future__ import annotations
@@ -35,7 +25,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from minilm_engine.model.attention import cpu_compiled
 from minilm_engine.model.attention.backends import AttentionBackend
-from minilm_engine.model.attention.paged import PagedAttentionMetadata, write_kv_reference
+from minilm_engine.model.attention.paged import PagedAttentionMetadata
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what cpu_paged_decode.cpp reads
 
@@ -113,9 +103,8 @@ def _attend_chunk(q: torch.Tensor, k_cache, v_cache, chunk: Chunk) -> torch.Tens
 
 def _attend_decodes_sdpa(q: torch.Tensor, k_cache, v_cache, group: DecodeGroup) -> torch.Tensor:
     """The decodes without the compiled kernel: q (S, H, D) -> (S, H, D) by SDPA over a copy of
-    each sequence's keys and values, padded to the longest with its first (real) one, the
-    padding masked out: a slot nobody wrote may hold anything, even NaN, which a zero weight
-    would let through."""
+    their keys and values, padded with each sequence's first (real) one and masked (a slot
+    nobody wrote may hold NaN, which a zero weight would let through)."""
     num_seqs, _ = group.block_tables.shape
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
     L = int(group.context_lens.max())
@@ -132,8 +121,7 @@ def _attend_decodes_sdpa(q: torch.Tensor, k_cache, v_cache, group: DecodeGroup) 
 
 
 class CpuBackend(AttentionBackend):
-    """SDPA for prompts and chunks, the compiled paged decode for decodes (see the module doc).
-    `micro`: the compiled module, or None (decodes then run SDPA over a copy of their blocks)."""
+    """`micro`: the compiled module, or None (decodes then run SDPA over a copy of their keys)."""
 
     name = "cpu"
 
@@ -142,9 +130,6 @@ class CpuBackend(AttentionBackend):
 
     def plan(self, meta: PagedAttentionMetadata, block_size: int, num_kv_heads: int) -> CpuPlan:
         return plan_cpu_attention(meta, block_size, num_kv_heads)
-
-    def write_kv(self, k_cache, v_cache, k, v, slot_mapping) -> None:
-        write_kv_reference(k_cache, v_cache, k, v, slot_mapping)
 
     def _decodes(self, q, k_cache, v_cache, group: DecodeGroup) -> torch.Tensor:
         if self.micro is not None and q.dtype in KERNEL_DTYPES and k_cache.is_contiguous():
@@ -164,6 +149,6 @@ class CpuBackend(AttentionBackend):
 
 
 def make_cpu_backend() -> CpuBackend:
-    """The CPU backend, with the compiled decode kernel where it builds (else it says why, once,
-    through `cpu_compiled`, and decodes run SDPA)."""
+    """The CPU backend, with the compiled decode kernel where it builds (else `cpu_compiled`
+    says why, once)."""
     return CpuBackend(cpu_compiled.load())

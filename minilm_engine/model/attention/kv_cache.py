@@ -1,39 +1,22 @@
 """The paged KV cache: keys and values in fixed-size blocks.
 
-Contract: `PagedKVCache` owns the tensors, one (num_blocks, block_size, H_kv, D) pair per layer.
-The model's view of them for one step, `PagedAttention(cache, metadata, backend)`, and all of the
-attention itself (metadata, KV write, the torch reference and the Triton kernels) live in
-`model/attention/`; this module only holds the tensors (and still names `PagedAttention`, for code
-that imported it from here).
+Contract: `PagedKVCache` owns the tensors, one (num_blocks + 1, block_size, H_kv, D) pair per
+layer; the attention that reads them is `context.PagedAttention`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minilm_engine.model.attention.context import PagedAttention
 from minilm_engine.model.config import ModelConfig
-
-__all__ = ["PagedAttention", "PagedKVCache"]
-
 
 class PagedKVCache:
     """K and V for `num_blocks` blocks of `block_size` tokens, per layer, plus one scratch block.
+    Blocks 0 .. num_blocks - 1 are the pool's; `scratch_block` (= num_blocks) is nobody's: CUDA
+    graphs' padding rows write there (`worker/cuda_graphs.py`)."""
 
-    Blocks 0 .. num_blocks - 1 are the pool's (`BlockPool` hands them out).  Block
-    `scratch_block` (= num_blocks) belongs to nobody: the padding rows of a captured CUDA graph
-    write their keys and values there (`worker/cuda_graphs.py`), so padding never touches a
-    request's blocks.
-    """
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        num_blocks: int,
-        block_size: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-    ):
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                 device: torch.device | str):
         shape = (num_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]

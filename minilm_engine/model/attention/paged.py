@@ -1,11 +1,10 @@
 """Paged attention: a step's metadata, the KV write and the readable reference.
 
 Contract: `PagedAttentionMetadata` says where a step's new keys/values go and what each sequence
-may look at; `plan_reference_attention` turns it into the torch reference's per-step plan (once
-per step, by the backend: `backends.py`), `write_kv_reference` stores the keys/values and
-`paged_attention_reference` attends, over caches of (num_blocks, block_size, H_kv, D) per layer.  These are the definitions the Triton
-kernels next to them (`triton_*.py`) are tested against.  All sequences of a step are flattened
-into one row of tokens (no padding), prefill chunks and single decode tokens side by side:
+may look at; `write_kv_reference` stores them and `paged_attention_reference` attends (planned
+once per step by `plan_reference_attention`), over caches of (num_blocks, block_size, H_kv, D)
+per layer: the definitions every other backend is tested against.  A step's sequences are one
+flat row of tokens, prompt chunks and decodes side by side:
 
     flattened queries:  [ A0 A1 A2 A3 | B7 | C4 C5 ]      query_start_loc = [0, 4, 5, 7]
     block_tables:       A -> [3, 9]   B -> [5, 1]   C -> [2]
@@ -13,13 +12,8 @@ into one row of tokens (no padding), prefill chunks and single decode tokens sid
 
     slot of token j of a sequence = block_table[j // block_size] * block_size + j % block_size
 
-Whoever builds the metadata on the host keeps its host copies (`HostMetadata`) beside the
-uploaded tensors, and the torch reference plans from those: reading a tensor back from a GPU
-(`.cpu()`, `.item()`, `.tolist()`) makes the host wait until every kernel queued before it has
-run, and a step that waits on itself cannot prepare the next launch while the GPU works.
-
-Nothing here owns memory: the cache tensors belong to `kv_cache.paged.PagedKVCache`, which
-imports this module (never the other way round).
+The metadata keeps the host copies it was built from (`HostMetadata`); the host reads those,
+never the device (a read-back makes the host wait for every kernel queued before it).
 """
 
 from __future__ import annotations
@@ -34,12 +28,8 @@ from minilm_engine.model.attention.reference import attention
 
 @dataclass(eq=False)
 class HostMetadata:
-    """The step's lengths and tables on the host (numpy), exactly what was uploaded into the
-    tensors of the same names: what the host needs of a step, it reads here, never back from
-    the device.
-
-    query_start_loc: (S + 1,) int64     context_lens: (S,) int64     block_tables: (S, W) int64
-    """
+    """The step's lengths and tables on the host (numpy), as uploaded into the tensors of the
+    same names.  query_start_loc: (S + 1,)   context_lens: (S,)   block_tables: (S, W), int64."""
 
     query_start_loc: np.ndarray
     context_lens: np.ndarray
@@ -65,12 +55,8 @@ class PagedAttentionMetadata:
     query_start_loc: (S + 1,) int64 offsets of each sequence's tokens in the flattened batch
     context_lens: (S,) int64 tokens of each sequence in the cache after this step
     block_tables: (S, max_blocks_per_seq) int64 block ids (rows padded with 0)
-    max_query_len: the most new tokens of one sequence, when the host knows it (the prefill
-        kernel sizes its grid with it; None: computed from query_start_loc, a device sync)
-    host: the same lengths and tables as the host built them (`HostMetadata`); None for
-        metadata made from tensors alone (a test's, a notebook's), which `on_host` reads back
-
-    Invariant: `host`, when given, holds the values of the three tensors of the same names.
+    max_query_len: the most new tokens of one sequence (None: computed on the device, a sync)
+    host: the host copies (`HostMetadata`), or None (tensors alone: `on_host` reads back)
     """
 
     slot_mapping: torch.Tensor
@@ -89,8 +75,7 @@ class PagedAttentionMetadata:
         return self.slot_mapping.shape[0]
 
     def on_host(self) -> HostMetadata:
-        """The host copies: kept ones (the engine's steps), or read back now (one sync each on
-        a GPU) for metadata that came without them."""
+        """The host copies: kept ones, or read back now for metadata that came without them."""
         if self.host is not None:
             return self.host
         return HostMetadata(
@@ -179,12 +164,9 @@ class AttentionGroup:
 
 @dataclass(frozen=True)
 class ReferencePlan:
-    """What the torch reference gathers in one step, for one cache geometry: the torch
-    backend's plan (`backends.TorchBackend.plan`), built once per step and read by every layer.
-
-    With a single decode group holding rows 0..N-1 in order (`covers_all_rows`: the common
-    step once prompts are in) the queries need no gathering and the output no scattering.
-    """
+    """What the torch reference gathers in one step, for one cache geometry (built once per
+    step, read by every layer).  `covers_all_rows`: one decode group holding rows 0..N-1 in
+    order, so queries need no gather and the output no scatter."""
 
     meta: PagedAttentionMetadata
     block_size: int

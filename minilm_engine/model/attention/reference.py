@@ -15,10 +15,10 @@ import torch
 
 
 class AttentionContext(Protocol):
-    def attend(
-        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        """q: (B, T, H, D), k and v: (B, T, H_kv, D) for this step's tokens -> (B, T, H, D)."""
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> torch.Tensor:
+        """q: (N, H, D), k and v: (N, H_kv, D) for this step's N tokens -> (N, H, D).  A context
+        that serves a padded batch of B rows knows B and reshapes (N = B * T) itself."""
         ...
 
 
@@ -47,18 +47,10 @@ def attention(
     return (probs @ v).reshape(B, num_heads, T, D)
 
 
-def causal_mask(
-    key_valid: torch.Tensor, query_slots: torch.Tensor
-) -> torch.Tensor:
-    """Which keys each query may see: keys at or before its own slot that hold real tokens.
-
-    A padding query still sees its own slot, so its softmax row is never empty: an all-masked
-    row would give NaN, and NaN times a zero weight is still NaN in the next layer's values.
-
-    key_valid: (B, S) bool, False for padding slots
-    query_slots: (T,) slot index of each query token (the same for every row)
-    returns (B, T, S) bool
-    """
+def causal_mask(key_valid: torch.Tensor, query_slots: torch.Tensor) -> torch.Tensor:
+    """key_valid (B, S) bool (False for padding), query_slots (T,) -> (B, T, S) bool: each
+    query sees the real keys at or before its slot, and its own slot (a padding query too, so
+    no softmax row is empty: an all-masked row gives NaN, which a zero weight lets through)."""
     key_slots = torch.arange(key_valid.shape[1], device=key_valid.device)
     not_future = key_slots[None, :] <= query_slots[:, None]  # (T, S)
     is_self = key_slots[None, :] == query_slots[:, None]  # (T, S)
@@ -66,13 +58,14 @@ def causal_mask(
 
 
 class NoKVCache:
-    """Attention over this step's tokens only: nothing is kept, so every step starts over."""
+    """Attention over this step's tokens only: nothing is kept, so every step starts over.
+    `valid` (B, T) bool, False for padding: the model's N = B * T tokens are B rows of T."""
 
     def __init__(self, valid: torch.Tensor):
-        # valid: (B, T) bool, False for padding tokens
-        T = valid.shape[1]
+        self.batch_size, T = valid.shape
         self._mask = causal_mask(valid, torch.arange(T, device=valid.device))
 
     def attend(self, layer_idx: int, q, k, v) -> torch.Tensor:
-        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self._mask)
-        return out.transpose(1, 2)
+        # (N, ., D) -> (B, ., T, D)
+        q, k, v = (x.view(self.batch_size, -1, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
+        return attention(q, k, v, self._mask).transpose(1, 2).flatten(0, 1)  # (N, H, D)

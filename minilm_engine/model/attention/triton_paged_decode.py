@@ -1,15 +1,12 @@
 """Triton kernel: paged attention for a decode step (one new query token per sequence).
 
 Contract: `paged_decode_attention(q, k_cache, v_cache, meta)` returns what
-`paged.paged_attention_reference` returns (and is tested against it) when every
-sequence of the step has exactly one query, so that sequence i's query is row i of q:
+`paged.paged_attention_reference` returns when every sequence has one query (row i of q):
 
     q (S, H, D)  k_cache, v_cache (num_blocks, block_size, H_kv, D)  ->  out (S, H, D)
 
-The keys of sequence i are its `context_lens[i]` cached tokens, the last one being the query's
-own (written by `write_kv` just before); a decode query sees all of them, so there is no causal
-mask, only "past the end of the context".  Inputs may be fp16, bf16 or fp32; scores, softmax and
-the weighted sum of values are all computed in fp32.
+A decode query sees all `context_lens[i]` cached keys (its own included): no causal mask, only
+the end of the context.  Inputs fp16, bf16 or fp32; the arithmetic in fp32.
 
 One program instance = one (sequence, K/V head) pair and ALL the query heads sharing that head
 (grouped-query attention: G = H / H_kv query heads per K/V head, e.g. G = 5 for noodle-chef):
@@ -24,12 +21,9 @@ One program instance = one (sequence, K/V head) pair and ALL the query heads sha
       ...             ─┘
       (rows >= G are padding, masked on load and store)
 
-Why one program per K/V head rather than per query head: decode reads every cached key and value
-once per step and does little arithmetic with them, so it is limited by memory traffic; loading
-a K/V tile once for all G query heads that share it reads G times fewer bytes.  The scores are
-an elementwise product summed over D rather than `tl.dot`, whose tiles must be at least 16 wide
-(G is 1 to 8 here): decode has arithmetic to spare.  Not done here, and done by vLLM: splitting
-one long context over several programs ("flash decoding") when there are few sequences.
+One program per K/V head: decode is bound by memory traffic, and a K/V tile loaded once serves
+all G query heads.  Scores are a product summed over D, not `tl.dot` (whose tiles must be >= 16
+wide; G is 1 to 8): decode has arithmetic to spare.  Few long contexts: `triton_paged_decode_split`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Triton kernels: paged decode attention with each context split into partitions ("flash decoding").
 
 Contract: `paged_decode_split_attention(q, k_cache, v_cache, meta)` returns what
-`triton_paged_decode.paged_decode_attention` returns (one query per sequence), and is tested
-against the torch reference the same way.  `should_split(num_seqs, num_kv_heads, max_context,
-num_sms)` says when it is the faster choice.
+`triton_paged_decode.paged_decode_attention` returns; `should_split(...)` says when it is faster.
 
-Why: the plain decode kernel runs one program per (sequence, K/V head).  At batch 1 that is 8
-programs for Qwen3-0.6B, on a GPU with 132 SMs (H200): 124 SMs idle while 8 walk a long context
-one tile after another.  Here each context is cut into partitions of PARTITION_SIZE tokens and
-every (sequence, K/V head, partition) is a program; a second, small kernel merges the partial
-results:
+Why: the plain kernel runs one program per (sequence, K/V head): 8 for Qwen3-0.6B at batch 1,
+on a GPU with 132 SMs.  Here every (sequence, K/V head, partition of PARTITION_SIZE tokens) is a
+program, and a second kernel merges the partial results:
 
     context of one sequence:  [ partition 0 | partition 1 | partition 2 (partial) ]
     pass 1, one program each:  m0, l0, acc0    m1, l1, acc1    m2, l2, acc2
@@ -18,17 +14,10 @@ results:
     pass 2, per query head:    M = max(m_p)
                                out = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p
 
-which is the plain kernel's own rescaling step, applied once per partition instead of once
-per tile: the result is the same softmax, up to rounding.
-
-The partition loop is the plain kernel's loop (gather, scores, online softmax) restricted to
-[start, end).  It is repeated here rather than shared, so that the plain kernel stays one
-self-contained program that appendix A1 reads line by line; the tests hold both to the same
-reference.
-
-The grid is sized from `block_tables.shape[1]` (a bound the host knows without asking the GPU),
-so the launch needs no host sync and a CUDA graph can record it; programs of partitions past a
-sequence's context return at once, and the merge reads only the partitions that exist.
+(the plain kernel's rescaling, once per partition).  The partition loop repeats the plain
+kernel's, so that kernel stays one self-contained program to read.  The grid is sized from
+`block_tables.shape[1]` (no host sync: a CUDA graph can record it); partitions past a context
+return at once.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Triton kernel: paged attention for prompt chunks that continue after a cached prefix.
 
 Contract: `paged_prefill_attention(q, k_cache, v_cache, meta)` returns what
-`paged.paged_attention_reference` returns (and is tested against it) for any step:
-whole prompts, chunks after a cached prefix, and single decode tokens side by side.  Sequence i
-owns rows `query_start_loc[i] : query_start_loc[i + 1]` of q; those T queries are the last T of
-its `context_lens[i] = L` tokens, at positions L - T .. L - 1, and all L keys and values are
-already in the cache (written by `write_kv` just before).  Query at position p sees keys 0..p.
+`paged.paged_attention_reference` returns for any step (prompts, chunks after a cached prefix,
+decodes).  Sequence i's T queries (rows `query_start_loc[i]` on) are the last T of its
+`context_lens[i] = L` tokens, all already in the cache; the query at position p sees keys 0..p.
 
     q (N, H, D)  k_cache, v_cache (num_blocks, block_size, H_kv, D)  ->  out (N, H, D)
 
@@ -22,14 +20,10 @@ One program instance = one (sequence, tile of BLOCK_M queries, query head):
     query tile 1  p=10  ...   |   ...   | x x x  .     (tile 1 has one real row; the 3 others
                                                          are padding, never stored)
 
-For each key tile: scores = Q K^T / sqrt(D) with `tl.dot` (BLOCK_M, BLOCK_N), the causal and
-end-of-context mask, then the online-softmax update (see `triton_paged_decode`).  A query tile
-stops at the key tile holding its last query's position: later keys are all masked.
-
-Why one program per query head (not per K/V head as in decode): prefill multiplies each key by
-many queries, so it is limited by arithmetic rather than by reading K/V, and re-reading a K/V tile
-for each of the G heads of a group costs little.  `tl.dot` needs tiles of at least 16 in each
-dimension, hence BLOCK_M = BLOCK_N = 16 and D padded to at least 16 (with masks).
+Per key tile: scores with `tl.dot`, the causal mask, the online-softmax update (as in
+`triton_paged_decode`); a query tile stops at the key tile of its last query.  One program per
+query head (decode has one per K/V head): prefill is bound by arithmetic, not by reading K/V.
+`tl.dot` needs tiles of at least 16, hence BLOCK_M = BLOCK_N = 16 and D padded to >= 16.
 """
 
 from __future__ import annotations

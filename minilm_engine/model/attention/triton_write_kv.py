@@ -1,10 +1,8 @@
 """Triton kernel: write this step's keys and values into the paged KV cache.
 
-Contract: `write_kv(k_cache, v_cache, k, v, slot_mapping)` does exactly what
-`paged.write_kv_reference` does (and is tested against it): token i of the flattened
-step goes to cache slot `slot_mapping[i]`, that is to block `slot // block_size`, row
-`slot % block_size`.  Caches are (num_blocks, block_size, H_kv, D); k and v are (N, H_kv, D) of
-the cache's dtype.  Nothing but the N named slots is touched.
+Contract: `write_kv(k_cache, v_cache, k, v, slot_mapping)` does what `paged.write_kv_reference`
+does: token i of the step goes to slot `slot_mapping[i]` (block `slot // block_size`, row
+`slot % block_size`); nothing but the N named slots is touched.
 
 One program instance copies one token, all of its K/V heads, for K and for V:
 
@@ -14,8 +12,7 @@ One program instance copies one token, all of its K/V heads, for K and for V:
       [h1: d0 .. dD]                                  [h0: d0 .. dD]
                                                       [h1: d0 .. dD]
 
-The tile is (BLOCK_H, BLOCK_D), H_kv and D rounded up to powers of two (`tl.arange` needs them),
-and every load and store is masked to the real (H_kv, D): the padding is never read or written.
+The tile is (BLOCK_H, BLOCK_D), powers of two, masked to the real (H_kv, D).
 """
 
 from __future__ import annotations

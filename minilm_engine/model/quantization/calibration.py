@@ -4,8 +4,7 @@ Contract: `calibrate(model, tokenizer, config)` runs the full-precision model on
 text, and returns, per projection layer name, a `LayerCalibration` (input scales, and for int4
 a clip ratio per group) that `quantize_model` uses.  Nothing in the model changes here.
 
-The method is AWQ's (Lin et al., 2023, "Activation-aware Weight Quantization"), on each layer
-on its own, judged by the layer's output on calibration inputs X:
+AWQ (Lin et al., 2023), each layer on its own, judged by its output on calibration inputs X:
 
 1. Scale search.  Input channels that carry large activations matter most: multiplying
    column k of W by s_k > 1 before rounding gives it finer steps relative to its size, and
@@ -25,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minilm_engine.model.quantization.config import QuantizationConfig
@@ -48,9 +48,7 @@ class LayerCalibration:
 
 
 def default_calibration_texts() -> list[str]:
-    """Held-out noodle-shop documents shipped with the models (the corpus generator's
-    `generate_documents(NUM_DEFAULT_DOCUMENTS, seed=CALIBRATION_SEED)`, written to
-    `checkpoints/noodle_corpus_sample.json`)."""
+    """Held-out noodle-shop documents shipped with the models (seed CALIBRATION_SEED)."""
     from minilm_engine.model.loader import shipped_corpus_sample
 
     return shipped_corpus_sample()["calibration"][:NUM_DEFAULT_DOCUMENTS]
@@ -98,10 +96,9 @@ def collect_inputs(model: nn.Module, windows: list[torch.Tensor]) -> dict[str, t
     handles = [layer.register_forward_pre_hook(hook(name)) for name, layer in layers.items()]
     try:
         for window in windows:
-            ids = window[None].to(model.device)  # (1, T)
-            positions = torch.arange(ids.shape[1], device=model.device)[None]
-            valid = torch.ones_like(ids, dtype=torch.bool)
-            model(ids, positions, NoKVCache(valid))
+            ids = window.to(model.device)  # (T,)
+            positions = torch.arange(len(ids), device=model.device)
+            model(ids, positions, NoKVCache(torch.ones(1, len(ids), dtype=torch.bool)))
             position[0] += len(window)
     finally:
         for handle in handles:
@@ -131,11 +128,8 @@ def search_clip(W_scaled: torch.Tensor, X_scaled: torch.Tensor, config: Quantiza
     """Per (row, group), the clip ratio whose share of the output error is smallest: (N, G)."""
     g = config.group_size
     N = W_scaled.shape[0]
-    Xg = pad_columns(X_scaled, g).view(len(X_scaled), -1, g)  # (T, G, g)
-    # The pad columns multiply zeros in the real matmul: zero them here too.
-    Xg = Xg.clone().view(len(X_scaled), -1)
-    Xg[:, X_scaled.shape[1]:] = 0
-    Xg = Xg.view(len(X_scaled), -1, g)
+    num_pad = -X_scaled.shape[1] % g  # the pad columns multiply zeros, as in the real matmul
+    Xg = F.pad(X_scaled, (0, num_pad)).view(len(X_scaled), -1, g)  # (T, G, g)
     Wg = pad_columns(W_scaled, g).view(N, -1, g)  # (N, G, g)
     best_err, best_ratio = None, None
     for ratio in CLIP_RATIOS:
@@ -163,9 +157,6 @@ def calibrate(model: nn.Module, tokenizer, config: QuantizationConfig) -> dict[s
         clip = 1.0
         if config.scheme == "int4":
             clip = search_clip(W * s[None, :], X[:NUM_CLIP_ROWS] / s[None, :], config)
-        found[name] = LayerCalibration(s.to(model.device), _to(clip, model.device), alpha)
+        clip = clip.to(model.device) if isinstance(clip, torch.Tensor) else clip
+        found[name] = LayerCalibration(s.to(model.device), clip, alpha)
     return found
-
-
-def _to(x, device):
-    return x.to(device) if isinstance(x, torch.Tensor) else x

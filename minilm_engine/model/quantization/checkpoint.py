@@ -1,11 +1,9 @@
 """Quantized checkpoints: the same folder layout as any Hugging Face checkpoint.
 
 Contract: `save_quantized(model, source, out)` writes `out/model.safetensors` (the quantized
-layers' codes, scales and offsets under the layer's name: `...q_proj.qweight`,
-`...q_proj.scales`, ...; every other tensor as in the source), `out/config.json` (the source's,
-plus a `quantization_config` entry saying how) and copies the tokenizer and generation config.
-`models.loader.load_model` reads such a folder back without calibrating again (the
-whole `minilm-engine quantize` command, which loads the source first, is `..quantize`).
+layers' codes, scales and offsets under the layer's name, `...q_proj.qweight`; every other tensor
+as in the source), `out/config.json` (the source's plus a `quantization_config` entry) and copies
+the tokenizer files.  The loader reads such a folder back without calibrating again.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-
 
 from minilm_engine.model.quantization.config import SCALE_DTYPES, QuantizationError
 from minilm_engine.model.quantization.linear import QuantizedLinear
@@ -31,10 +28,9 @@ def save_quantized(model, source: str | Path, out: str | Path) -> Path:
         raise QuantizationError(f"refusing to overwrite the source checkpoint {source}")
     for name, module in model.named_modules():
         if isinstance(module, QuantizedLinear) and not hasattr(module, "qweight"):
-            raise QuantizationError(
-                f"{name} runs the {module.kernel.name!r} kernel in its own layout; save a model "
-                "whose layers use the reference kernel (quantization_config={'kernel': 'reference'})"
-            )
+            raise QuantizationError(f"{name} runs the {module.kernel.name!r} kernel in its own "
+                                    "layout; save a model whose layers use the reference kernel "
+                                    "(quantization_config={'kernel': 'reference'})")
     save_dtype = SCALE_DTYPES[config.scale_dtype]
     tensors = {}
     for name, tensor in model.state_dict().items():

@@ -53,41 +53,31 @@ class QuantizationConfig:
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
-            raise QuantizationError(
-                f"unknown quantization scheme {self.scheme!r}; supported: {', '.join(SCHEMES)}"
-            )
+            raise QuantizationError(f"unknown quantization scheme {self.scheme!r}; "
+                                    f"supported: {', '.join(SCHEMES)}")
         if self.scheme == "int8" and self.group_size is not None:
-            raise QuantizationError(
-                f"int8 has one scale per output channel; group_size={self.group_size!r} is for int4"
-            )
+            raise QuantizationError(f"int8 has one scale per output channel; group_size="
+                                    f"{self.group_size!r} is for int4")
         if self.scheme == "int4" and self.group_size not in GROUP_SIZES:
-            raise QuantizationError(
-                f"int4 group_size must be one of {GROUP_SIZES}, got {self.group_size!r}"
-            )
-        if self.method not in METHODS:
-            raise QuantizationError(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.kernel not in KERNELS:
-            raise QuantizationError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
-        if self.scale_dtype not in SCALE_DTYPES:
-            raise QuantizationError(
-                f"scale_dtype must be one of {sorted(SCALE_DTYPES)}, got {self.scale_dtype!r}"
-            )
+            raise QuantizationError(f"int4 group_size must be one of {GROUP_SIZES}, "
+                                    f"got {self.group_size!r}")
+        choices = {"method": METHODS, "kernel": KERNELS, "scale_dtype": tuple(SCALE_DTYPES)}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise QuantizationError(f"{name} must be one of {allowed}, "
+                                        f"got {getattr(self, name)!r}")
         texts = self.calibration_texts
-        if texts is not None and (
-            isinstance(texts, str)
-            or not all(isinstance(t, str) for t in texts)
-            or not any(t.strip() for t in texts)
-        ):
-            raise QuantizationError(
-                "calibration_texts must be a non-empty list of strings (not one string)"
-            )
+        if texts is not None and (isinstance(texts, str)
+                                  or not all(isinstance(t, str) for t in texts)
+                                  or not any(t.strip() for t in texts)):
+            raise QuantizationError("calibration_texts must be a non-empty list of strings "
+                                    "(not one string)")
         n = self.max_calibration_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 16:
             raise QuantizationError(f"max_calibration_tokens must be an int >= 16, got {n!r}")
-        if not isinstance(self.lm_head, bool):
-            raise QuantizationError(f"lm_head must be a bool, got {self.lm_head!r}")
-        if not isinstance(self.pad_in_features, bool):
-            raise QuantizationError(f"pad_in_features must be a bool, got {self.pad_in_features!r}")
+        for name in ("lm_head", "pad_in_features"):
+            if not isinstance(getattr(self, name), bool):
+                raise QuantizationError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     @classmethod
     def from_user(cls, scheme: Any, options: dict[str, Any] | None) -> QuantizationConfig:
@@ -98,9 +88,8 @@ class QuantizationConfig:
         known = set(cls.__dataclass_fields__) - {"scheme"}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise QuantizationError(
-                f"unknown quantization_config keys {unknown}; known keys: {sorted(known)}"
-            )
+            raise QuantizationError(f"unknown quantization_config keys {unknown}; "
+                                    f"known keys: {sorted(known)}")
         if scheme == "int8":
             options.setdefault("group_size", None)
         if options.get("calibration_texts") is not None:
@@ -113,10 +102,8 @@ class QuantizationConfig:
         options = dict(options or {})
         fixed = sorted(set(options) - {"kernel"})
         if fixed:
-            raise QuantizationError(
-                f"this checkpoint is already quantized ({self.describe()}); only 'kernel' can "
-                f"be chosen when loading it, not {fixed}"
-            )
+            raise QuantizationError(f"this checkpoint is already quantized ({self.describe()}); "
+                                    f"only 'kernel' can be chosen when loading it, not {fixed}")
         return replace(self, **options)
 
     def describe(self) -> str:
@@ -125,30 +112,18 @@ class QuantizationConfig:
         return f"{self.scheme}{group}, method={self.method}{head}"
 
     def to_checkpoint_dict(self) -> dict[str, Any]:
-        return {
-            "quant_method": CHECKPOINT_FORMAT,
-            "scheme": self.scheme,
-            "bits": self.bits,
-            "group_size": self.group_size,
-            "method": self.method,
-            "pad_in_features": self.pad_in_features,
-            "scale_dtype": self.scale_dtype,
-            "lm_head": self.lm_head,
-        }
+        return {"quant_method": CHECKPOINT_FORMAT, "scheme": self.scheme, "bits": self.bits,
+                "group_size": self.group_size, "method": self.method,
+                "pad_in_features": self.pad_in_features, "scale_dtype": self.scale_dtype,
+                "lm_head": self.lm_head}
 
     @classmethod
     def from_checkpoint_dict(cls, d: dict[str, Any]) -> QuantizationConfig:
         if d.get("quant_method") != CHECKPOINT_FORMAT:
-            raise QuantizationError(
-                f"config.json has a quantization_config with quant_method "
-                f"{d.get('quant_method')!r}; this engine reads only its own format "
-                f"({CHECKPOINT_FORMAT!r}, written by `minilm-engine quantize`)"
-            )
-        return cls(
-            scheme=d["scheme"],
-            group_size=d.get("group_size"),
-            method=d.get("method", "rtn"),
-            pad_in_features=d.get("pad_in_features", True),
-            scale_dtype=d.get("scale_dtype", "float32"),
-            lm_head=d.get("lm_head", False),
-        )
+            raise QuantizationError(f"config.json has a quantization_config with quant_method "
+                                    f"{d.get('quant_method')!r}; this engine reads only its own "
+                                    f"format ({CHECKPOINT_FORMAT!r}, written by `minilm-engine "
+                                    "quantize`)")
+        return cls(scheme=d["scheme"], group_size=d.get("group_size"),
+                   method=d.get("method", "rtn"), pad_in_features=d.get("pad_in_features", True),
+                   scale_dtype=d.get("scale_dtype", "float32"), lm_head=d.get("lm_head", False))

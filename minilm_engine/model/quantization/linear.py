@@ -1,27 +1,19 @@
 """`QuantizedLinear`: the drop-in replacement for `nn.Linear`, and the module swap.
 
-Contract: `QuantizedLinear.from_linear(linear, config)` holds the same function as `linear`
-with its weight in INT8 or INT4 (schemes.py) and returns, for the same input, what the
-dequantized weight would give: `y = (x / input_scales) @ dequantized_weight().T + bias`.
-Which code computes it is the layer's `kernel` (kernels/): the readable reference
-dequantizes then multiplies; the fast ones never build the float weight.
-
-`quantize_model(model, config, calibration)` swaps every projection of the decoder layers
-(q/k/v/o, gate/up/down) in place.  Embeddings, norms and the LM head keep the model dtype:
-they are a small share of a large model's bytes and the most sensitive to rounding.  With
-`config.lm_head` the head is quantized too (round to nearest: calibration covers the
-projections only); a tied input embedding then keeps its own full-precision table, because a
-lookup reads one row per token while the head reads every row, and small models' heads (Qwen3-0.6B:
-a third of the bytes) are what a batch-1 decode step still reads most.  To the
-engine a quantized model is an ordinary `CausalLM`: same forward, same names, same devices.
+Contract: `QuantizedLinear.from_linear(linear, config)` computes what `linear` does with its
+weight in INT8 or INT4 (schemes.py): `y = (x / input_scales) @ dequantized_weight().T + bias`,
+by the layer's `kernel` (kernels/: the reference dequantizes then multiplies, the fast ones never
+build the float weight).  `quantize_model(model, config, calibration)` swaps every decoder
+projection (q/k/v/o, gate/up/down) in place, and the LM head with `config.lm_head` (round to
+nearest; a tied embedding keeps its own table: a lookup reads one row, the head every row).
+Embeddings and norms keep the model dtype.  To the engine it is an ordinary `CausalLM`.
 
 Buffers of one layer (N = out_features, K = in_features, G = groups per row):
 
-    int8: qweight (N, K) int8          scales (N,)
+    int8: qweight (N, K) int8            scales (N,)
     int4: qweight (N, K_padded/2) uint8  scales (N, G)   offsets (N, G)
-    awq:  input_scales (K,)  the activation-aware scale s: W is stored as Q(W * s), x is
-          divided by s on the way in.  (AWQ folds 1/s into the previous norm; keeping it here
-          costs K numbers per layer and keeps every layer self-contained.)
+    awq:  input_scales (K,)  W is stored as Q(W * s) and x divided by s on the way in (kept
+          here rather than folded into the previous norm: every layer self-contained)
 """
 
 from __future__ import annotations
@@ -41,16 +33,9 @@ class QuantizedLinear(nn.Module):
     canonical layout above, unless `kernel.prepare` converted them to its own (the CPU int4
     kernel does); `kernel` is the object that computes the product."""
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool,
-        config: QuantizationConfig,
-        has_input_scales: bool = False,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-    ):
+    def __init__(self, in_features: int, out_features: int, bias: bool, config: QuantizationConfig,
+                 has_input_scales: bool = False, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None):
         super().__init__()
         from minilm_engine.model.quantization.kernels import REFERENCE_KERNEL
 
@@ -80,24 +65,14 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     @torch.no_grad()
-    def from_linear(
-        cls,
-        linear: nn.Linear,
-        config: QuantizationConfig,
-        input_scales: torch.Tensor | None = None,
-        clip_ratio: torch.Tensor | float = 1.0,
-    ) -> QuantizedLinear:
+    def from_linear(cls, linear: nn.Linear, config: QuantizationConfig,
+                    input_scales: torch.Tensor | None = None,
+                    clip_ratio: torch.Tensor | float = 1.0) -> QuantizedLinear:
         """Quantize `linear` (its weight scaled by `input_scales` per input column, if given)."""
         w = linear.weight.detach().float()  # (N, K)
-        layer = cls(
-            linear.in_features,
-            linear.out_features,
-            linear.bias is not None,
-            config,
-            has_input_scales=input_scales is not None,
-            dtype=linear.weight.dtype,
-            device=linear.weight.device,
-        )
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, config,
+                    has_input_scales=input_scales is not None, dtype=linear.weight.dtype,
+                    device=linear.weight.device)
         if input_scales is not None:
             w = w * input_scales.float()[None, :]
             layer.input_scales.copy_(input_scales)
@@ -129,15 +104,12 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         group = f", group_size={self.group_size}" if self.scheme == "int4" else ""
         awq = ", input_scales" if self.input_scales is not None else ""
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"scheme={self.scheme}{group}{awq}, kernel={self.kernel.name}"
-        )
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"scheme={self.scheme}{group}{awq}, kernel={self.kernel.name}")
 
 
-def quantize_weight(
-    w: torch.Tensor, config: QuantizationConfig, clip_ratio: torch.Tensor | float = 1.0
-) -> tuple[torch.Tensor, ...]:
+def quantize_weight(w: torch.Tensor, config: QuantizationConfig,
+                    clip_ratio: torch.Tensor | float = 1.0) -> tuple[torch.Tensor, ...]:
     """(N, K) float32 -> (qweight, scales) for int8, (qweight, scales, offsets) for int4."""
     if config.scheme == "int8":
         return quantize_int8_weight(w, config.torch_scale_dtype)
@@ -153,18 +125,16 @@ def quantize_int8_weight(w: torch.Tensor, scale_dtype: torch.dtype) -> tuple[tor
 
 
 @replaceable("quantization.int4_weight")
-def quantize_int4_weight(
-    w: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | float, scale_dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_int4_weight(w: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | float,
+                         scale_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """(N, K) float32 -> codes (N, K_padded) uint8 0..15 (unpacked), scales and offsets
     (N, num_groups): one (scale, offset) pair per group of `group_size` inputs."""
     scales, offsets = schemes.int4_params(w, group_size, clip_ratio, scale_dtype)
     return schemes.quantize_int4(w, scales, offsets, group_size), scales, offsets
 
 
-def fake_quantize(
-    w: torch.Tensor, config: QuantizationConfig, clip_ratio: torch.Tensor | float = 1.0
-) -> torch.Tensor:
+def fake_quantize(w: torch.Tensor, config: QuantizationConfig,
+                  clip_ratio: torch.Tensor | float = 1.0) -> torch.Tensor:
     """(N, K) float -> (N, K) float32: quantize then dequantize (what the layer will compute with)."""
     w = w.float()
     if config.scheme == "int8":
@@ -177,11 +147,8 @@ def fake_quantize(
 
 def projection_layers(model: nn.Module) -> dict[str, nn.Module]:
     """Name -> module of every projection inside the decoder layers (what gets quantized)."""
-    return {
-        name: module
-        for name, module in model.named_modules()
-        if name.rsplit(".", 1)[-1] in PROJECTIONS and ".layers." in f".{name}"
-    }
+    return {name: module for name, module in model.named_modules()
+            if name.rsplit(".", 1)[-1] in PROJECTIONS and ".layers." in f".{name}"}
 
 
 def quantized_layers(model: nn.Module, config: QuantizationConfig) -> dict[str, nn.Module]:
@@ -197,28 +164,22 @@ def check_quantizable(model: nn.Module, config: QuantizationConfig) -> None:
     layers = quantized_layers(model, config)
     already = [n for n, m in layers.items() if isinstance(m, QuantizedLinear)]
     if already:
-        raise QuantizationError(
-            f"this model is already quantized ({already[0]} is a QuantizedLinear); "
-            "quantize the original checkpoint instead"
-        )
+        raise QuantizationError(f"this model is already quantized ({already[0]} is a "
+                                "QuantizedLinear); quantize the original checkpoint instead")
     if config.scheme == "int4" and not config.pad_in_features:
         for name, layer in layers.items():
             if layer.in_features % config.group_size:
                 fits = [g for g in GROUP_SIZES if all(m.in_features % g == 0 for m in layers.values())]
                 raise QuantizationError(
                     f"group_size {config.group_size} does not divide in_features "
-                    f"{layer.in_features} of {name}; group sizes that divide every layer of "
-                    f"this model: {fits or 'none'} (or pass pad_in_features=True to pad rows)"
-                )
+                    f"{layer.in_features} of {name}; group sizes that divide every layer of this model: "
+                    f"{fits or 'none'} (or pass pad_in_features=True to pad rows)")
 
 
 @torch.no_grad()
 def quantize_model(model: nn.Module, config: QuantizationConfig, calibration=None) -> nn.Module:
     """Swap every decoder projection for a QuantizedLinear, in place; returns `model`.
-
-    `calibration` (a `calibration.LayerCalibration` per layer name, or None for round to
-    nearest) supplies each layer's input scales and clip ratios.
-    """
+    `calibration`: a `calibration.LayerCalibration` per layer name, or None (round to nearest)."""
     check_quantizable(model, config)
     for name, linear in quantized_layers(model, config).items():
         found = calibration.get(name) if calibration is not None else None
@@ -233,15 +194,9 @@ def quantize_model(model: nn.Module, config: QuantizationConfig, calibration=Non
 def empty_quantized_model(model: nn.Module, config: QuantizationConfig) -> nn.Module:
     """Swap the quantized layers for empty QuantizedLinears (same device), for a checkpoint to fill."""
     for name, linear in quantized_layers(model, config).items():
-        layer = QuantizedLinear(
-            linear.in_features,
-            linear.out_features,
-            linear.bias is not None,
-            config,
-            has_input_scales=config.method == "awq" and name != "lm_head",  # the head is RTN
-            dtype=linear.weight.dtype,
-            device=linear.weight.device,
-        )
+        awq = config.method == "awq" and name != "lm_head"  # the head is round to nearest
+        layer = QuantizedLinear(linear.in_features, linear.out_features, linear.bias is not None,
+                                config, awq, dtype=linear.weight.dtype, device=linear.weight.device)
         set_submodule(model, name, layer)
     return model
 

@@ -92,9 +92,8 @@ def int4_params(
     return round_to(scale, scale_dtype), round_to(lo, scale_dtype)
 
 
-def quantize_int4(
-    w: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int
-) -> torch.Tensor:
+def quantize_int4(w: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+                  group_size: int) -> torch.Tensor:
     """(N, K) float -> (N, K_padded) codes 0..15 as uint8 (one code per byte: unpacked)."""
     N = w.shape[0]
     groups = pad_columns(w.float(), group_size).view(N, -1, group_size)
@@ -102,9 +101,8 @@ def quantize_int4(
     return q.clamp(0, INT4_LEVELS).to(torch.uint8).view(N, -1)
 
 
-def dequantize_int4(
-    codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, in_features: int
-) -> torch.Tensor:
+def dequantize_int4(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+                    in_features: int) -> torch.Tensor:
     """(N, K_padded) codes -> (N, in_features) weights in the scales' dtype (pad dropped)."""
     N, K_padded = codes.shape
     group_size = K_padded // scales.shape[1]

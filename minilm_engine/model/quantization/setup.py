@@ -37,23 +37,20 @@ def quantize_in_place(model, tokenizer, config: QuantizationConfig) -> None:
     model.quantization_config = config
 
 
-def setup_quantization(
-    model, tokenizer, quantization: Any = None, options: dict[str, Any] | None = None
-) -> QuantizationConfig | None:
+def setup_quantization(model, tokenizer, quantization: Any = None,
+                       options: dict[str, Any] | None = None) -> QuantizationConfig | None:
     loaded: QuantizationConfig | None = model.quantization_config
     if loaded is not None:
         if quantization is not None:
-            raise QuantizationError(
-                f"this checkpoint is already quantized ({loaded.describe()}); load it without "
-                f"quantization=, or quantize the original full-precision checkpoint"
-            )
+            raise QuantizationError(f"this checkpoint is already quantized ({loaded.describe()}); "
+                                    "load it without quantization=, or quantize the original "
+                                    "full-precision checkpoint")
         config = loaded.with_runtime(options)
         model.quantization_config = config
     elif quantization is None:
         if options:
-            raise QuantizationError(
-                "quantization_config was given without quantization= ('int8' or 'int4')"
-            )
+            raise QuantizationError("quantization_config was given without quantization= "
+                                    "('int8' or 'int4')")
         return None
     else:
         config = config_from_user(model, quantization, options)

@@ -8,11 +8,8 @@ request's own tokens: find the most recent earlier place where the last n tokens
     tokens:  ... 1 x Miso Ramen @ $12 ... 1 x Miso Ramen @ ?      last 3 tokens: "x Miso Ramen"
                    └── match ──┘ └ proposed: "@ $12"
 
-It keeps no state and no cache, so `rollback` and `free` do nothing.  The drafts are certain
-(the draft "distribution" is one-hot), which the rejection sampler handles exactly: a draft d is
-kept with probability p(d), and a rejection resamples from p with d removed.  Strong when the
-output quotes its input (receipts repeating the order, code edits, answers citing a document),
-useless on fresh text (no match: no drafts, plain decoding).  vLLM's `method="ngram"`.
+No state, no cache.  The drafts are certain (q one-hot), which the rejection sampler handles
+exactly.  Strong when the output quotes its input, useless on fresh text.  vLLM's "ngram".
 """
 
 from __future__ import annotations

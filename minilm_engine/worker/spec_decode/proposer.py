@@ -2,27 +2,18 @@
 
 Contract: `DraftModelProposer.propose(requests, num_drafts)` returns, for each request, up to
 `num_drafts[i]` tokens that may follow its tokens so far (with the draft's probabilities for
-sampling requests).  The draft keeps its own keys and values in its own paged cache, with its
-own block pool and block tables (the same machinery as the target's, in `kv_cache/`); after the
-target has verified a round, `rollback(request)` drops what the draft computed for rejected
-tokens, and `free(request_id)` releases a finished, aborted or preempted request's blocks.
-
-How a round runs for one request with tokens t0..t9 (t9 sampled last step, not yet computed by
-the target), K = 3, and a draft that has computed t0..t7:
+sampling requests).  The draft keeps its keys and values in its own paged cache, block pool and
+block tables; `rollback(request)` drops what it computed for rejected tokens, `free(request_id)`
+releases a request's blocks.  A round, for tokens t0..t9 (t9 not yet computed by the target),
+K = 3, and a draft that has computed t0..t7:
 
     pass 1  catch up  feed t8 t9      (everything the draft has not seen)  -> d1
     pass 2            feed d1                                              -> d2
     pass 3            feed d2                                              -> d3
 
-Every pass is one forward of the draft over all proposing requests at once (pass 1 is a flat
-batch of chunks of different lengths, passes 2.. are one token each).  d3's keys and values are
-never computed: if the target accepts it, the next round's pass 1 catches up over it.  The
-catch-up also covers a request's first round (the draft then reads the whole prompt, taking
-prefix-cache hits in its own pool) and the first round after a preemption.
-
-Why the draft may hold fewer tokens than the target: it computes nothing for prompt chunks, and
-a request whose draft pool is short of blocks simply proposes fewer tokens this round (nothing
-is lost; the target decodes as without speculation).
+Each pass is one forward over all proposing requests.  d3's keys and values are computed by the
+next round's catch-up (which also reads a new request's prompt, with the draft's own prefix
+cache).  A request whose draft pool is short of blocks proposes fewer tokens this round.
 """
 
 from __future__ import annotations
@@ -43,8 +34,8 @@ from minilm_engine.core.outputs import DraftTokens
 
 
 def load_draft_model(config: SpeculativeConfig, target: CausalLM, target_tokenizer, max_model_len: int) -> CausalLM:
-    """Load the draft named in `config` beside the target (same device and dtype), after
-    checking it can draft for it (`check_draft_fits_target`): a clear error at construction."""
+    """Load the draft named in `config` beside the target (same device and dtype), checked by
+    `check_draft_fits_target`."""
     folder = resolve_model_path(config.model)
     draft = load_model(folder, dtype=target.dtype, device=target.device)
     draft_tokenizer = None
@@ -62,8 +53,8 @@ def load_draft_model(config: SpeculativeConfig, target: CausalLM, target_tokeniz
 
 
 def num_drafts_wanted(request: Request, num_speculative_tokens: int) -> int:
-    """Tokens worth drafting: K, or fewer near the end (a round yields up to drafts + 1 tokens,
-    so a request with m tokens left to produce, by max_tokens or context, drafts m - 1)."""
+    """Tokens worth drafting: K, or m - 1 for a request with m tokens left to produce (a round
+    yields up to drafts + 1 tokens)."""
     num_left = request.max_new_tokens - len(request.output_token_ids)
     return max(0, min(num_speculative_tokens, num_left - 1))
 
@@ -72,13 +63,9 @@ STOP_WINDOW = 8  # output tokens decoded before the drafts when looking for a st
 
 
 def ends_request(request: Request, drafted: list[int], tokenizer=None) -> bool:
-    """Whether the request would end at its last drafted token: a stop token (EOS unless
-    ignored, `stop_token_ids`) or, given a tokenizer, a stop string the drafts complete.
-
-    Only a shortcut (drafting past the end is wasted work): the engine ends the request exactly
-    where it should when it appends the verified tokens.  The text checked is the last few
-    output tokens and the drafts; no stop string is in the output so far (it would have ended).
-    """
+    """Whether the request would end at its last drafted token: a stop token or, given a
+    tokenizer, a stop string the drafts complete (in the last few output tokens and the drafts).
+    A shortcut only: the engine ends requests exactly when it appends the verified tokens."""
     if request.is_stop_token(drafted[-1]):
         return True
     stops = request.sampling_params.stop_strings
@@ -179,25 +166,20 @@ class DraftModelProposer:
         return Chunk(request_id, token_ids, start, self.block_manager.get_block_table(request_id))
 
     def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
-        """-> (num_chunks, V) logits at each chunk's last token.  Writes the chunks'
-        keys/values into the draft's cache."""
+        """-> (num_chunks, V) logits at each chunk's last token; writes the draft's cache."""
         ids, pos, meta = flatten_chunks(chunks, self.block_manager.block_size, self.model.device,
                                         buffer=self.input_buffer)
         for chunk in chunks:
             self.num_computed_tokens[chunk.request_id] = chunk.end
         attn = PagedAttention(self.cache, meta, self.attention_backend)
-        hidden = self.model(ids[None], pos[None], attn)[0]  # (N, hidden)
+        hidden = self.model(ids, pos, attn)  # (N, hidden)
         return self.model.compute_logits(hidden[meta.query_start_loc[1:] - 1])
 
     # -- after the target's verdict ---------------------------------------------------------
 
     def rollback(self, request: Request) -> None:
-        """Keep only the draft's keys/values of tokens the request really has.
-
-        After verification the target has computed `request.num_computed_tokens` tokens, all of
-        them real (accepted drafts included); the draft's positions past that held rejected
-        drafts.  Full blocks of real tokens join the draft's prefix cache.
-        """
+        """Keep only the draft's keys/values of tokens the request really has (the target's
+        `num_computed_tokens`, accepted drafts included); full blocks join its prefix cache."""
         rid = request.request_id
         if rid not in self.num_computed_tokens:
             return

@@ -1,33 +1,21 @@
 """Accept or reject drafted tokens so that the output is distributed exactly as the target's.
 
-Contract: `rejection_sample(draft, target_logits, params, generator)` takes the k tokens a draft
-proposed for one request, the draft's probabilities for them, and the target's logits at the
-k + 1 positions of the verification chunk; it returns the tokens to append: the accepted
-prefix of the drafts, then one token from the target (1 to k + 1 tokens in all).
+Contract: `rejection_sample(draft, target_logits, params, generator)` takes a request's k drafted
+tokens (with the draft's probabilities for a sampling request) and the target's logits at the
+k + 1 rows of the verification chunk, and returns the tokens to append: the accepted drafts,
+then one token of the target's.  `rejection_sample_batch` does it for a whole step, with one
+read from the device.
 
     verification chunk   [ t   d1  d2  d3 ]      t: the request's last token, d: drafts (k = 3)
-    target logits row      0   1   2   3         row i scores the token after chunk token i
-    row i verifies d(i+1); row k gives the bonus token when all k were accepted
+    target logits row      0   1   2   3         row i verifies d(i+1); row k gives the bonus
 
-Greedy requests (temperature 0): accept d(i+1) while it equals the target's argmax at row i;
-at the first difference, append the target's argmax instead.  Identical to decoding with the
-target alone, by construction.
-
-Sampling requests, the modified rejection sampling of Leviathan et al. (2023) and Chen et al.
-(2023), with p = target and q = draft distributions after temperature, top-k and top-p (the
-same processing `worker/sampler.py` applies, to both models):
-
-    accept draft d with probability min(1, p(d) / q(d))
-    on the first rejection, sample from  max(p - q, 0) / sum(max(p - q, 0))  and stop
-    if all k are accepted, sample the bonus token from p at row k
-
-Why it is exact: P(output = x) = q(x) min(1, p(x)/q(x)) + P(reject) * max(p(x) - q(x), 0) / Z
-= min(q(x), p(x)) + max(p(x) - q(x), 0) = p(x), since P(reject) = 1 - sum_x min(p, q) = Z.
-
-`rejection_sample` is the readable rule, one request and one draft at a time (three reads from
-the device per draft).  The engine calls `rejection_sample_batch`, which gives exactly its tokens
-for all the step's verifying requests with two reads from the device in all (tested against it,
-generator states included).
+Greedy: accept d(i+1) while it equals the target's argmax at row i, then append that argmax.
+Sampling (Leviathan et al. 2023, Chen et al. 2023), p = target, q = draft, both processed as
+`worker/sampler.py` does: accept d with probability min(1, p(d) / q(d)); at the first rejection
+draw from max(p - q, 0) / Z and stop; if all k pass, draw the bonus from p at row k.  Exact:
+P(x) = q(x) min(1, p(x)/q(x)) + P(reject) max(p(x) - q(x), 0) / Z = p(x), as P(reject) = Z.
+Each request draws its k uniforms, then its last token (an exponential race, as multinomial
+draws), from its own generator: its tokens do not depend on its batch.
 """
 
 from __future__ import annotations
@@ -42,15 +30,18 @@ from minilm_engine.core.sampling_params import SamplingParams
 from minilm_engine.core.outputs import DraftTokens
 
 
-def accept_probability(p_draft: float, q_draft: float) -> float:
-    """min(1, p(d) / q(d)): the draft's token is kept with the share of q that p agrees with."""
-    return min(1.0, p_draft / q_draft)
+def accept_probability(p_draft, q_draft):
+    """min(1, p(d) / q(d)) (floats, or tensors element by element): the draft's token is kept
+    with the share of q that p agrees with."""
+    ratio = p_draft / q_draft
+    return ratio.clamp(max=1.0) if isinstance(ratio, torch.Tensor) else min(1.0, ratio)
 
 
 def recovered_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """(V,), (V,) -> normalized max(p - q, 0): where the target wants more than the draft gave."""
+    """(..., V), (..., V) -> normalized max(p - q, 0) per row: where the target wants more than
+    the draft gave.  With q = 0 (no draft: the bonus row) it is p."""
     residual = (p - q).clamp(min=0)
-    total = residual.sum()
+    total = residual.sum(-1, keepdim=True)
     # total is 0 only when p == q up to rounding, and then a rejection has ~zero probability
     # anyway: p itself.  (torch.where, not `if`: the host need not wait to read `total`.)
     return torch.where(total > 0, residual / total, p)
@@ -80,18 +71,42 @@ def accept_drafts(
 ) -> list[int]:
     """The sampling rule (module docstring): p (k + 1, V) the target's distributions at the
     verification rows, q (k, V) the draft's for its k tokens -> the 1..k + 1 tokens to append."""
-    out: list[int] = []
-    for i, token in enumerate(draft_token_ids):
-        u = torch.rand((), generator=generator, device=q.device).item()
-        if u < accept_probability(p[i, token].item(), q[i, token].item()):
-            out.append(token)
-            continue
-        recovered = recovered_distribution(p[i], q[i])
-        out.append(torch.multinomial(recovered, 1, generator=generator).item())
-        return out
-    k = len(draft_token_ids)
-    out.append(torch.multinomial(p[k], 1, generator=generator).item())  # all accepted: the bonus
-    return out
+    buffer = InputBuffer(p.device, size=0)
+    num_accepted, last = _accept_sampled([draft_token_ids], p, q, [generator], buffer)
+    num_accepted, last = torch.cat([num_accepted, last]).tolist()
+    return draft_token_ids[:num_accepted] + [last]
+
+
+def _accept_sampled(
+    drafts: list[list[int]], p: torch.Tensor, q: torch.Tensor, generators: list, buffer: InputBuffer
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """R sampling requests at once, on the device, nothing read back: drafts[i] request i's k_i
+    tokens, p (sum of k_i + 1, V) and q (sum of k_i, V) their rows, request after request ->
+    (num_accepted (R,), the token appended after the accepted drafts (R,))."""
+    num_drafts = np.array([len(d) for d in drafts], dtype=np.int64)  # (R,)
+    draft_starts = np.cumsum(num_drafts) - num_drafts  # (R,) each request's first draft
+    p_starts = draft_starts + np.arange(len(drafts))  # (R,) its first row of p (k + 1 rows each)
+    request_of = np.repeat(np.arange(len(drafts)), num_drafts)  # (sum of k,)
+    index = np.arange(len(request_of)) - draft_starts[request_of]  # (sum of k,) j of draft j
+    token_ids = np.array([t for d in drafts for t in d], dtype=np.int64)
+    num_drafts_t, p_starts_t, request_of_t, index_t, token_ids_t = buffer.upload(
+        [num_drafts, p_starts, request_of, index, token_ids])
+    p_rows = p_starts_t[request_of_t] + index_t  # (sum of k,) the row of p that tests each draft
+    # 1. Every draft's test: u < min(1, p(d) / q(d)).
+    u = torch.cat([torch.rand(len(d), generator=g, device=p.device)
+                   for d, g in zip(drafts, generators)])  # (sum of k,)
+    q_at = q[torch.arange(len(token_ids_t), device=p.device), token_ids_t]
+    passed = u < accept_probability(p[p_rows, token_ids_t], q_at)  # (sum of k,)
+    # 2. Each request's accepted prefix: up to its first failed test (all k when none failed).
+    first_failed = torch.where(passed, num_drafts_t[request_of_t], index_t)
+    num_accepted = num_drafts_t.scatter_reduce(0, request_of_t, first_failed, "amin")  # (R,)
+    # 3. The last token: from max(p - q, 0) at the first rejection, or from p at row k (where q
+    # is taken as 0: `recovered_distribution` then gives p).
+    q_full = torch.zeros_like(p).index_put_((p_rows,), q)  # (sum of k + 1, V) q beside p's rows
+    rows = p_starts_t + num_accepted  # (R,)
+    dist = recovered_distribution(p[rows], q_full[rows])  # (R, V)
+    race = torch.stack([torch.empty_like(dist[0]).exponential_(1, generator=g) for g in generators])
+    return num_accepted, (dist / race).argmax(dim=-1)
 
 
 def _greedy_verify(draft_token_ids: list[int], target_logits: torch.Tensor) -> list[int]:
@@ -109,9 +124,6 @@ def _greedy_accept(draft_token_ids: list[int], target_choice: list[int]) -> list
     return out
 
 
-# -- the engine's batched form ---------------------------------------------------------------
-
-
 def rejection_sample_batch(
     drafts: list[DraftTokens],
     target_logits: torch.Tensor,
@@ -120,26 +132,11 @@ def rejection_sample_batch(
     buffer: InputBuffer | None = None,
 ) -> list[list[int]]:
     """`rejection_sample` for R requests at once: target_logits (sum of k_i + 1, V) float32,
-    request i's k_i + 1 rows after request i - 1's -> each request's 1..k_i + 1 tokens.
-
-    The tokens are those of `rejection_sample` called request after request, and every
-    generator ends in the same state, while the host reads from the device twice in all (the
-    sampler's own check that the distributions are valid aside), not three times per draft:
-
-        1. on the device, for every request: the target's argmax at each row (greedy requests),
-           and for each sampling request's drafts, one u each from its generator and the test
-           u < min(1, p(d) / q(d))                                       -> read back once
-        2. on the host: each request's accepted prefix (up to its first failed test); then per
-           sampling request, its last token, drawn from max(p - q, 0) at the first rejection or
-           from p at row k as torch.multinomial draws it                 -> read back once
-
-    Why a generator is rewound: the one-at-a-time rule draws no u after the first rejection,
-    and draws the replacement next; here all k u's are drawn before anyone knows where the
-    first rejection is.  So a request that rejected draft j + 1 < k gets its generator back as
-    it was before its u's and draws u_1..u_{j+1} again: its replacement then comes from the
-    numbers the one-at-a-time rule would have given it.  `buffer` carries the step's indices to
-    the device (None: one for this call).
-    """
+    request i's k_i + 1 rows after request i - 1's -> each request's 1..k_i + 1 tokens, the same
+    tokens and generator states as request after request when each request has its own
+    generator.  One read from the device for all of them (the sampler's check that the
+    distributions are valid aside).  A learner's `accept_drafts` (`course/teaching/build.py`)
+    runs request by request.  `buffer` carries the step's indices to the device."""
     num_drafts = [len(d) for d in drafts]
     starts = np.concatenate([[0], np.cumsum(np.add(num_drafts, 1))]).astype(np.int64)  # (R + 1,) rows
     if target_logits.shape[0] != starts[-1]:
@@ -150,77 +147,22 @@ def rejection_sample_batch(
     sampling = [i for i, p in enumerate(params) if not p.greedy]
     if any(drafts[i].probs is None for i in sampling):
         raise ValueError("a sampling request's drafts need the draft's probabilities")
-    sampling_generators = [generators[i] for i in sampling]
-    if (is_overridden("spec_decode.accept_drafts") or any(g is None for g in sampling_generators)
-            or len({id(g) for g in sampling_generators}) < len(sampling)):
-        # The one-at-a-time rule, request by request: a learner's `accept_drafts` is installed
-        # (`course/teaching/build.py` checks it in the engine), or a generator is shared (None is
-        # torch's global one), whose numbers the batched draw would hand out in another order.
+    if is_overridden("spec_decode.accept_drafts"):
         return [rejection_sample(d, target_logits[starts[i] : starts[i + 1]], p, g)
                 for i, (d, p, g) in enumerate(zip(drafts, params, generators))]
-    buffer = buffer if buffer is not None else InputBuffer(target_logits.device, size=0)
-
-    # 1. Every test, for every request at once, and one read-back.
-    choices = target_logits.argmax(dim=-1)  # (sum of k + 1,) the target's own picks
-    passed, states_before = torch.zeros(0, dtype=torch.bool, device=choices.device), []
+    read = [target_logits.argmax(dim=-1)]  # (sum of k + 1,) the target's own picks
     if sampling:
-        p, passed, states_before = _accept_tests(drafts, target_logits, params, generators, sampling, starts, buffer)
-    read = torch.cat([choices, passed.long()]).tolist()
-    choices, passed = read[: len(choices)], read[len(choices) :]
-
-    # 2. Each request's accepted prefix; a sampling request's last token drawn on the device.
-    out = [_greedy_accept(d.token_ids, choices[starts[i] : starts[i + 1]]) if params[i].greedy else []
-           for i, d in enumerate(drafts)]
-    last_tokens = []  # per sampling request, a 0-dim tensor: read back together
-    p_start = test = 0  # where the request's rows of p, and its tests, begin
-    for i, state_before in zip(sampling, states_before):
-        draft, generator, k = drafts[i], generators[i], len(drafts[i])
-        num_accepted = next((j for j in range(k) if not passed[test + j]), k)
-        if num_accepted < k:
-            if num_accepted + 1 < k:  # rewind, as if only u_1 .. u_{j+1} had been drawn
-                generator.set_state(state_before)
-                _uniforms(num_accepted + 1, generator, target_logits.device)
-            dist = recovered_distribution(p[p_start + num_accepted], draft.probs[num_accepted])
-        else:
-            dist = p[p_start + k]  # all accepted: the bonus token, from p at row k
-        # torch.multinomial's own draw of one sample, without its checks (which read the device)
-        race = torch.empty_like(dist).exponential_(1, generator=generator)
-        last_tokens.append(torch.div(dist, race, out=race).argmax())
-        out[i] = draft.token_ids[:num_accepted]
-        p_start, test = p_start + k + 1, test + k
-    if last_tokens:
-        for i, token in zip(sampling, torch.stack(last_tokens).tolist()):
-            out[i].append(token)
-    return out
-
-
-def _accept_tests(drafts, target_logits, params, generators, sampling: list[int], starts: np.ndarray,
-                  buffer: InputBuffer) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """The sampling requests' tests -> (p (sum of k + 1, V) their target distributions,
-    passed (sum of k,) bool u < min(1, p(d) / q(d)) for each of their drafts, each generator's
-    state before its u's were drawn)."""
-    device = target_logits.device
-    p = batched_sampling_probs(  # the same bits as `sampling_probs` row by row
-        torch.cat([target_logits[starts[i] : starts[i + 1]] for i in sampling]),
-        [params[i] for i in sampling for _ in range(len(drafts[i]) + 1)],
-    )  # (sum over the sampling requests of k + 1, V)
-    q = torch.cat([drafts[i].probs for i in sampling])  # (sum of k, V)
-    # Each draft is tested at its request's row of p of the same index (the last row tests none).
-    firsts = np.cumsum([0] + [len(drafts[i]) + 1 for i in sampling])[:-1]
-    p_rows = np.concatenate([first + np.arange(len(drafts[i])) for first, i in zip(firsts, sampling)])
-    token_ids = np.array([t for i in sampling for t in drafts[i].token_ids], dtype=np.int64)  # (sum of k,)
-    p_rows_t, token_ids_t = buffer.upload([p_rows.astype(np.int64), token_ids])
-    states_before = [generators[i].get_state() for i in sampling]
-    u = torch.cat([_uniforms(len(drafts[i]), generators[i], device) for i in sampling])  # (sum of k,)
-    # min(1, p/q) in float64, as the one-at-a-time rule compares Python floats
-    ratio = p[p_rows_t, token_ids_t].double() / q[torch.arange(len(token_ids), device=device), token_ids_t].double()
-    return p, u.double() < ratio.clamp(max=1.0), states_before
-
-
-def _uniforms(num: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """(num,) float32: the numbers `num` calls of torch.rand((), generator=generator) give.  One
-    call on a CPU (its Mersenne Twister hands them out in order: tested); one per number on a
-    GPU, where the elements of one tensor come from different Philox subsequences."""
-    if device.type == "cpu" or num == 0:
-        return torch.rand(num, generator=generator, device=device)
-    return torch.stack([torch.rand((), generator=generator, device=device) for _ in range(num)])
+        p = batched_sampling_probs(  # the same bits as `sampling_probs` row by row
+            torch.cat([target_logits[starts[i] : starts[i + 1]] for i in sampling]),
+            [params[i] for i in sampling for _ in range(num_drafts[i] + 1)],
+        )  # (sum over the sampling requests of k + 1, V)
+        q = torch.cat([drafts[i].probs for i in sampling])  # (sum of k, V)
+        buffer = buffer if buffer is not None else InputBuffer(target_logits.device, size=0)
+        read += _accept_sampled([drafts[i].token_ids for i in sampling], p, q,
+                                [generators[i] for i in sampling], buffer)
+    read = torch.cat(read).tolist()
+    choices, sampled = read[: starts[-1]], read[starts[-1] :]  # then num_accepted (R,), last (R,)
+    out = {i: drafts[i].token_ids[:n] + [token]
+           for i, n, token in zip(sampling, sampled, sampled[len(sampling) :])}
+    return [out[i] if i in out else _greedy_accept(d.token_ids, choices[starts[i] : starts[i + 1]])
+            for i, d in enumerate(drafts)]

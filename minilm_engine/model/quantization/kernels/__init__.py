@@ -7,10 +7,8 @@ reads, once, after loading; the reference and Triton kernels read the canonical 
 
     kernel       runs on                          what it does
     reference    any device                       dequantize to the model dtype, then F.linear
-    cpu          CPU (torch with the ops)         a compiled micro-kernel (cpu_microkernel.cpp,
-                                                  built on first use) for decode-sized inputs, else
-                                                  torch's weight-only int8 / int4 operators; many
-                                                  rows dequantize into a reused buffer + BLAS
+    cpu          CPU (torch with the ops)         the compiled micro-kernel (or torch's
+                                                  operators) for few rows, else dequantize + BLAS
     triton       CUDA, compute capability >= 8.0  dequantizing matmul, dequant in the inner loop
                  (CPU under TRITON_INTERPRET=1)
 
@@ -49,11 +47,8 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
 
 
 def select_kernel(requested: str, device: torch.device, dtype: torch.dtype):
-    """The kernel object for `requested` ("auto", "reference", "cpu", "triton") on `device`.
-
-    Asking for a kernel that cannot run here is not an error: it warns with the reason and
-    uses the reference (as the attention backends do).
-    """
+    """The kernel object for `requested` ("auto", "reference", "cpu", "triton") on `device`; one
+    that cannot run here warns with the reason and gives the reference (as attention does)."""
     if requested == "auto":
         candidate = "cpu" if device.type == "cpu" else "triton"
         if unavailable_reason(candidate, device) is None:
@@ -89,10 +84,9 @@ def prepare_kernels(model: nn.Module, requested: str = "auto") -> str:
     for module in model.modules():
         if isinstance(module, QuantizedLinear) and module.kernel is not kernel:
             if module.kernel is not REFERENCE_KERNEL:
-                raise RuntimeError(
-                    f"this layer already runs the {module.kernel.name!r} kernel, whose layout "
-                    "cannot be converted back; load the checkpoint again to switch kernels"
-                )
+                raise RuntimeError(f"this layer already runs the {module.kernel.name!r} kernel, "
+                                   "whose layout cannot be converted back; load the checkpoint "
+                                   "again to switch kernels")
             kernel.prepare(module)
             module.kernel = kernel
     return kernel.name

@@ -5,44 +5,22 @@ many rows.
 Contract: `CPUKernel.linear(layer, x)` equals the reference up to float rounding, on every CPU
 torch runs on, with one copy of each weight in memory.
 
-    rows of x (M)              what runs                                  why
-    int8: any M, int4: <= 64   the micro-kernel (`microkernel_max_rows`;  reads int8 / int4 once per
-    (bf16 x where bf16 is      cpu_compiled.load() builds it for this  call, converts each weight
-    native: int8 <= 16, int4   CPU; fp32 or bf16 activations)          once per 6 rows of x
-    never: the operator wins)
-    more                       dequantize into scratch buffers reused     one conversion per call,
-                               across layers, one BLAS matmul (fp32       then BLAS at its peak
-                               for bf16 inputs without native bf16)       (prefill, perplexity)
-    no micro-kernel, bf16,     aten._weight_int8pack_mm /                 they read the codes straight
-    int8 <= 16, int4 <= 96     _weight_int4pack_mm_for_cpu                from memory (no build needed)
+    rows of x (M)                 what runs                                 why
+    up to microkernel_max_rows    the micro-kernel (fp32 or bf16 x)         reads each code once per
+                                                                            call for all the rows
+    no micro-kernel, bf16 x,      aten._weight_int8pack_mm /                no build needed
+    int8 <= 16, int4 <= 96        _weight_int4pack_mm_for_cpu
+    more                          dequantize a tile into a reused scratch   BLAS at its peak
+                                  buffer, one BLAS matmul per tile          (prefill, perplexity)
 
-    Why a micro-kernel of our own: torch's operators convert each weight to float once per 4
-    rows of x, and are not vectorized for fp32 activations (the CPU default), so past a few
-    rows they lose to a bf16 matmul and a quantized server was slower than an unquantized one
-    at batch 4 and 16 (issue 20).  The crossovers come from `benchmarks/quantization_kernels.py`
-    (one decoder layer's Qwen3-0.6B projections, every path at every row count, rotating
-    repeats); the README quotes them.  Outputs agree either way (up to float rounding): tests
-    run both sides of each threshold, as on a CPU with and without native bf16.
-
-    int8: with the micro-kernel the codes are held as (ceil(N / 16), K, 16) tiles (`tile_int8`:
-          16 output rows' weights for one k adjacent), else as our canonical (N, K), which
-          _weight_int8pack_mm reads as it is; many rows: y = (x @ codes.T) * scales, the
-          per-channel scale applied to the (M, N) output instead of the (N, K) weight.
-    int4: _weight_int4pack_mm_for_cpu(x (M, K_padded), packed, group_size, scales_and_zeros)
-          wants its own tiled packing, made by torch's own _convert_weight_to_int4pack_for_cpu,
-          and (G, N, 2) pairs meaning w = (q - 8) * scale + zero, so zero = offset + 8 * scale in
-          our terms; the micro-kernel reads the same buffers.  That packing differs between CPUs
-          (`Int4Layout`): tiles of BLOCK_N rows, for each input k BLOCK_N / 2 bytes each holding
-          two rows, rows (d, d + BLOCK_N / 2) with BLOCK_N 32 on AVX2 and 64 on AVX-512, rows
-          (2d, 2d + 1) with BLOCK_N 32 when torch runs without vector code
-          (ATEN_CPU_CAPABILITY=default; the micro-kernel leaves that one to the operator).
-          `prepare` pads N to a multiple of 64 (so every tile is whole, on any of them), packs
-          with the operator, and *learns* which layout it used by comparing with
-          `to_cpu_int4_layout`; the canonical buffers are then dropped.  On a CPU whose packing
-          is none of these, it keeps only the packed weight too, and dequantizes for many rows
-          by running the operator on an identity matrix (slow, exact, and said in a warning).
-          Many rows read the packing back as W.T (K, N): inside a tile it is k-major, so W.T is
-          written in contiguous runs.
+    int8: with the micro-kernel the codes are (ceil(N / 16), K, 16) tiles (`tile_int8`), else
+          the canonical (N, K) the operator reads; many rows: (x @ codes.T) * scales.
+    int4: torch's tiled packing (`_convert_weight_to_int4pack_for_cpu`) with its (G, N, 2)
+          table, w = (q - 8) * scale + zero (zero = offset + 8 * scale); the micro-kernel reads
+          the same buffers.  The packing differs between CPUs (`Int4Layout`), so `prepare` pads
+          N to a multiple of 64, packs with the operator and *learns* the layout by comparing
+          with `to_cpu_int4_layout`; an unknown one dequantizes through the operator (slow,
+          exact, said in a warning).
 """
 
 from __future__ import annotations
@@ -89,34 +67,25 @@ def tile_int8(codes: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, INT8_TILE_ROWS, K).transpose(1, 2).contiguous()
 
 
-NATIVE_BF16_MAX_ROWS = {"int8": 16, "int4": 0}  # bf16 activations where oneDNN has native bf16
+NATIVE_BF16_MAX_ROWS = {"int8": 16, "int4": 0}  # bf16 x, native bf16 matmuls, fp32 micro-kernel
+BF16_DOT_MAX_ROWS = 64  # bf16 x on a micro-kernel built with bf16 dot products (AVX512_BF16)
 
 
 def microkernel_max_rows(scheme: str, dtype: torch.dtype) -> int | None:
     """Up to how many rows of x the micro-kernel runs (None: any number; 0: none), else torch's
-    operators up to their threshold, then dequantize + BLAS.
-
-    The micro-kernel converts each weight once per 6 rows of x and multiplies in fp32, so its
-    cost grows with the rows like an fp32 matmul's; BLAS, after one dequantization, runs at its
-    own peak.  Measured with `benchmarks/quantization_kernels.py` on a 2-core AVX2 CPU, 3072 x
-    1024 layer: int8 codes convert in two instructions, and the micro-kernel still beats fp32
-    BLAS at 512 rows; int4 nibbles cost twice that and lose to dequantize + BLAS past ~64-128
-    rows.  Where bf16 matmul is native (AVX-512 BF16, AMX) the bf16 dot products run at twice
-    the fp32 rate, and `benchmarks/roofline.py` (Qwen3-0.6B shape, 2026-12-04, a 2-core AVX-512
-    + bf16 EPYC, whole decode steps) measured: int8 micro-kernel 132 ms vs dequantize + BLAS
-    175 ms at 16 rows, 233 vs 203 ms at 32 (so 16 rows); torch's int4 operator faster than the
-    micro-kernel at every B from 1 to 64 (41 vs 47 ms at 1 row, 247 vs 284 at 32), so none."""
+    operators up to their threshold, then dequantize + BLAS.  Measured (docs/BENCHMARKS.md): the
+    fp32-multiplying kernel grows like an fp32 matmul, so where bf16 matmuls are native (twice
+    the fp32 rate) it keeps int8 to 16 rows and int4 to none; its bf16-dot build keeps both."""
     if dtype == torch.bfloat16 and native_bf16_matmul():
-        return NATIVE_BF16_MAX_ROWS[scheme]
+        micro = cpu_compiled.load()
+        return BF16_DOT_MAX_ROWS if micro is not None and micro.bf16_dot() else NATIVE_BF16_MAX_ROWS[scheme]
     return None if scheme == "int8" else MICROKERNEL_MAX_ROWS
 
 
 def unavailable_reason() -> str | None:
-    missing = [
-        name
-        for name in ("_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu")
-        if not hasattr(torch.ops.aten, name)
-    ]
+    names = ("_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu",
+             "_convert_weight_to_int4pack_for_cpu")
+    missing = [name for name in names if not hasattr(torch.ops.aten, name)]
     if missing:
         return f"this torch ({torch.__version__}) lacks the CPU operators {missing}"
     return None
@@ -167,11 +136,10 @@ def learn_int4_layout(codes: torch.Tensor, packed: torch.Tensor) -> Int4Layout |
 
 
 class CPUKernel:
-    """Holds one scratch buffer (grown on demand, reused by every layer) for the many-row path.
+    """Holds the scratch buffers (grown on demand, shared by every layer) of the many-row path.
     Invariant after `prepare`: an int8 layer holds `cpu_qweight` tiles (micro-kernel) or its
-    canonical `qweight` (operators), and its `scales`; an int4 layer holds
-    only `cpu_qweight` (N_padded, K_padded / 2) and `cpu_scales_and_zeros` (G, N_padded, 2),
-    with `layer.cpu_int4_layout` the packing learned from the operator (None: an unknown one)."""
+    canonical `qweight` (operators), and `scales`; an int4 layer only `cpu_qweight` (N_padded,
+    K_padded / 2), `cpu_scales_and_zeros` (G, N_padded, 2) and `cpu_int4_layout` (None: unknown)."""
 
     name = "cpu"
 
@@ -207,18 +175,14 @@ class CPUKernel:
         scales_and_zeros = F.pad(scales_and_zeros, (0, 0, 0, num_pad)).contiguous()  # (G, N_padded, 2)
         layer.cpu_int4_layout = learn_int4_layout(codes, packed)
         if layer.cpu_int4_layout is None:
-            warnings.warn(
-                "torch's int4 CPU packing on this machine is not one this kernel knows "
-                f"({KNOWN_INT4_LAYOUTS}); decode keeps the fast operator, but inputs of "
-                f"more than {CPU_OP_MAX_ROWS['int4']} rows dequantize slowly through it",
-                stacklevel=2,
-            )
+            warnings.warn(f"torch's int4 CPU packing on this machine is not one this kernel knows "
+                          f"({KNOWN_INT4_LAYOUTS}); decode keeps the fast operator, but inputs of "
+                          f"more than {CPU_OP_MAX_ROWS['int4']} rows dequantize slowly through it", stacklevel=2)
         layer.register_buffer("cpu_qweight", packed, persistent=False)
         layer.register_buffer("cpu_scales_and_zeros", scales_and_zeros, persistent=False)
         for name in ("qweight", "scales", "offsets"):
             delattr(layer, name)  # one copy of the weight: the operator's
 
-    # ------------------------------------------------------------------ dequantize
     def scratch(self, num_elements: int, dtype: torch.dtype, role: str = "weights") -> torch.Tensor:
         """A flat buffer of at least `num_elements` in `dtype`, reused across calls and layers
         (one per `role`)."""
@@ -229,18 +193,11 @@ class CPUKernel:
             s = self._scratch[role] = torch.empty(num_elements, dtype=dtype)
         return s[:num_elements]
 
-    def dequantize_transposed(self, layer, dtype: torch.dtype | None = None, rows: slice | None = None) -> torch.Tensor:
-        """(K, n): weight rows `rows` (default: all N) transposed, in `dtype` (default: the
-        layer's), read from the layout the layer holds.  The result may be a view of the
-        kernel's scratch buffer: use it before the next call."""
-        N, K = layer.out_features, layer.in_features
-        start, stop, _ = (rows or slice(0, N)).indices(N)
-        if layer.scheme == "int8":
-            dtype = dtype or layer.scales.dtype
-            w_t = self._int8_codes(layer, slice(start, stop), dtype).t()  # (K, n)
-            return w_t.mul_(layer.scales[start:stop].to(dtype))
+    def dequantize_transposed(self, layer, dtype: torch.dtype, rows: slice) -> torch.Tensor:
+        """(K, n): an int4 layer's weight rows `rows`, transposed, in `dtype`.  The result may be
+        a view of the kernel's scratch buffer: use it before the next call."""
+        start, stop = rows.start, rows.stop
         scales, zeros = layer.cpu_scales_and_zeros.unbind(-1)  # (G, N_padded) each
-        dtype = dtype or scales.dtype
         layout = layer.cpu_int4_layout
         if layout is None:
             return self._dequantize_through_operator(layer, dtype)[:, start:stop]
@@ -258,12 +215,7 @@ class CPUKernel:
         w_t = self.scratch(K_padded * n, dtype).view(K_padded, n)
         num_groups = scale.shape[0]
         torch.addcmul(shift[:, None], codes.view(num_groups, -1, n), scale[:, None], out=w_t.view(num_groups, -1, n))
-        return w_t[:K, start - tile_start : stop - tile_start]
-
-    def dequantize(self, layer, dtype: torch.dtype | None = None, rows: slice | None = None) -> torch.Tensor:
-        """(n, K) weight rows `rows` in `dtype`: `dequantize_transposed`, viewed the other way
-        (not contiguous; may be the scratch buffer)."""
-        return self.dequantize_transposed(layer, dtype, rows).t()
+        return w_t[: layer.in_features, start - tile_start : stop - tile_start]
 
     def _int8_codes(self, layer, rows: slice, dtype: torch.dtype) -> torch.Tensor:
         """(n, K) the int8 codes of `rows` as `dtype`, in the scratch (small integers: exact);
@@ -287,7 +239,6 @@ class CPUKernel:
         w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, layer.cpu_qweight, layer.group_size, layer.cpu_scales_and_zeros)
         return w_t[: layer.in_features, : layer.out_features]
 
-    # ------------------------------------------------------------------ matmul
     def linear(self, layer, x: torch.Tensor) -> torch.Tensor:
         """x: (..., K) -> (..., N)."""
         lead, K = x.shape[:-1], x.shape[-1]

@@ -1,14 +1,9 @@
 """The compiled CPU micro-kernel (cpu_microkernel.cpp): built once per machine, on first use.
 
-Contract: `load()` returns the extension module (functions `dense_mm` for fp32 / bf16
-weights, `int8_mm`, `int4_mm`, `vector_width`) or None, and `unavailable_reason()` says why it is None: no C++ compiler,
-no `ninja`, a failed build, or MINILM_CPU_MICROKERNEL=0.  Nothing here raises: a machine that
-cannot build the kernel runs torch's own operators instead (kernels/cpu.py), with the same
-results up to float rounding.
-
-Built by `model/cpu_build.py` (`-O3 -march=native`, or `$MINILM_CPU_MARCH`), so the code is the
-best this CPU's vector units allow (AVX2, AVX-512 or NEON) and is rebuilt where another CPU or
-another source is met.  The first build takes about a minute.
+Contract: `load()` returns the extension module (`dense_mm` for fp32 / bf16 weights, `int8_mm`,
+`int4_mm`, the fused path's `rms_norm`, `norm_rotary_` and `silu_mul`, `vector_width`,
+`bf16_dot`) or None, and `unavailable_reason()` says why (model/cpu_build.py); nothing here
+raises: without it the callers run torch's operators, with the same results to float rounding.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from minilm_engine.model.cpu_build import ENV_SWITCH
 __all__ = ["ENV_SWITCH", "FUNCTIONS", "SOURCE", "EXTENSION", "build_name", "load", "unavailable_reason"]
 
 SOURCE = Path(__file__).with_name("cpu_microkernel.cpp")
-FUNCTIONS = ("dense_mm", "int8_mm", "int4_mm", "vector_width")  # what the module exports
+FUNCTIONS = ("dense_mm", "int8_mm", "int4_mm", "rms_norm", "norm_rotary_", "silu_mul", "vector_width", "bf16_dot")  # what the module exports
 
 
 def _cpu_flags() -> str:

@@ -1,20 +1,13 @@
 """fp32 / bf16 matmuls for decode-shaped steps: the compiled micro-kernel below a crossover in
 rows measured on this machine, torch's matmul (oneDNN / MKL) above it, over one weight.
 
-Contract: `DenseMatmul(weight, bias, micro)(x)` is `F.linear(x, weight, bias)` for x (..., K)
-and weight a plain (N, K) fp32 or bf16 matrix, the only copy (the layout both the micro-kernel's `dense_mm`
-and torch read).  With `micro` None (no compiled kernel) it is exactly `F.linear`.  The
-crossover is measured the first time a shape is met (`crossover_rows`) and kept per (shape,
-dtype, threads) for the process: timings decide the path, never the results, which agree to
-float rounding either way (fp32 sums in another order).  `MINILM_DENSE_CROSSOVER_ROWS=R` fixes
-the crossover at R rows instead (the tests set it, so that which path runs, and so the last
-bits of a result, never depend on how busy the machine was).
-
-Why: a decode step multiplies a few rows by every weight, so its floor is one read of the
-weights.  The kernel reads each weight once per call for all rows; torch's fp32 matmul on a
-2-core AVX2 CPU took 2.4x longer at 2 rows than at 1, and its bf16 matmul without native bf16
-grows with every row.  Prefill-sized steps are compute-bound, where oneDNN / MKL's blocked
-GEMMs win, so they keep torch.
+Contract: `DenseMatmul(weight, bias, micro)(x)` is `F.linear(x, weight, bias)` (to float
+rounding) for x (..., K) and a plain (N, K) fp32 or bf16 weight, the only copy.  The crossover
+is measured the first time a (shape, dtype, threads) is met and kept for the process: timings
+pick the path, never the results.  `MINILM_DENSE_CROSSOVER_ROWS=R` fixes it at R rows (the tests
+set it, so which path runs never depends on how busy the machine was).  Why: a decode step's
+floor is one read of the weights, which the kernel reaches where torch's fp32 matmul took 2.4x
+longer at 2 rows than at 1 (2-core AVX2); prefill-sized steps are compute bound and keep torch.
 """
 
 from __future__ import annotations
@@ -32,9 +25,9 @@ NUM_TIMED_CALLS = 5  # per path and row count, alternated; the fastest of each i
 _crossovers: dict[tuple[int, int, torch.dtype, int], int] = {}  # (N, K, dtype, threads) -> rows
 
 
-def _seconds(fn) -> float:
+def _seconds(fn, *args) -> float:
     start = time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - start
 
 
@@ -46,19 +39,13 @@ def measure_crossover(micro, weight: torch.Tensor, rows: tuple[int, ...] = CROSS
     best, losses = 0, 0
     for num_rows in rows:
         x = torch.randn(num_rows, weight.shape[1]).to(weight.dtype)
-        def kernel(x=x):
-            return micro.dense_mm(x, weight, None)
-
-        def torch_linear(x=x):
-            return F.linear(x, weight)
-
-        kernel(), torch_linear()  # warm: first-touch of the output, oneDNN's primitive cache
+        micro.dense_mm(x, weight, None), F.linear(x, weight)  # warm: first touch, oneDNN's cache
         t_kernel = t_torch = float("inf")
         # Alternated, so a busy moment hits both alike; the fastest call, because on a shared
         # machine other work only ever adds time.
         for _ in range(NUM_TIMED_CALLS):
-            t_kernel = min(t_kernel, _seconds(kernel))
-            t_torch = min(t_torch, _seconds(torch_linear))
+            t_kernel = min(t_kernel, _seconds(micro.dense_mm, x, weight, None))
+            t_torch = min(t_torch, _seconds(F.linear, x, weight))
         if t_kernel > t_torch:
             losses += 1
             if losses == 2:
@@ -89,8 +76,8 @@ def measured_crossovers() -> dict[tuple[int, int, torch.dtype, int], int]:
 
 class DenseMatmul:
     """y = x W^T + b over one plain (N, K) weight: the micro-kernel for at most `max_rows` rows of
-    x, `F.linear` for more; either adds the bias before rounding to x's dtype, once.  `max_rows` is None until the first call measures it (or a caller sets
-    it, as the tests do to pick a path)."""
+    x, `F.linear` for more (either adds the bias before rounding once).  `max_rows` is None until
+    the first call measures it (or a caller sets it, as the tests do to pick a path)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, micro):
         self.weight = weight  # (N, K), contiguous: the one copy

@@ -40,6 +40,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -210,6 +211,143 @@ void int4_matmul(const float* xf, int64_t M, int64_t K, const uint8_t* packed, i
   });
 }
 
+// ---------------------------------------------------------------- int8 / int4 on bf16 dot products
+// Where the CPU has AVX512_BF16 (`vdpbf16ps`: 32 bf16 products summed in pairs into 16 fp32
+// lanes per instruction) and x is bf16, the codes become bf16 in registers (exact: small
+// integers) and the products run at twice the fp32 rate, so the kernel stays under the bf16
+// matmul when the rows of x make it compute bound.  Lane n of a weight vector holds (w[n, k],
+// w[n, k + 1]); x is read as 32-bit words holding (x[m, k], x[m, k + 1]) (`bf16_pairs`).
+//   int8: q -> fp32 (exact) whose top half is its bf16; two k's joined in one vector.
+//   int4: bf16 bits 0x4300 | u are exactly 128 + u for a nibble u, so the kernel sums
+//         x (128 + u) and the group's correction takes 128 * sum(x) back out.
+#if defined(__AVX512BF16__)
+constexpr int MBH = 12;  // rows of x per block: MBH accumulators of 32 registers
+
+#define MINILM_ROW_CASES(F) \
+  switch (std::min<int64_t>(MBH, M - m0)) { \
+    case 1: F(1); break; case 2: F(2); break; case 3: F(3); break; case 4: F(4); break; \
+    case 5: F(5); break; case 6: F(6); break; case 7: F(7); break; case 8: F(8); break; \
+    case 9: F(9); break; case 10: F(10); break; case 11: F(11); break; default: F(12); break; }
+
+// (M, K) bf16 -> (M, ceil(K / 2)) words (x[m, 2j], x[m, 2j + 1]), an odd K's last one padded with 0
+std::vector<uint32_t> bf16_pairs(const at::BFloat16* x, int64_t M, int64_t K) {
+  const int64_t K2 = (K + 1) / 2;
+  std::vector<uint32_t> out(M * K2, 0);
+  for (int64_t m = 0; m < M; ++m) std::memcpy(out.data() + m * K2, x + m * K, K * sizeof(uint16_t));
+  return out;
+}
+
+template <int mb, typename S>
+void int8_block_bf16(const uint32_t* xp, int64_t K, const int8_t* tile, const S* scales, int64_t n0, int64_t N,
+                     at::BFloat16* y) {
+  const int64_t K2 = (K + 1) / 2;
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m512 acc[mb];
+  for (int m = 0; m < mb; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < K2; ++j) {
+    const int8_t* p = tile + 2 * j * ROWS;
+    const __m512i w0 = _mm512_castps_si512((__m512)int8_to_float(p));
+    const __m512i w1 = 2 * j + 1 < K ? _mm512_castps_si512((__m512)int8_to_float(p + ROWS)) : _mm512_setzero_si512();
+    // (w0 >> 16) | (w1 & 0xFFFF0000): w[k] in the low half, w[k + 1] in the high half
+    const __m512bh w = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(w0, 16), w1, high, 0xF8);
+    for (int m = 0; m < mb; ++m)
+      acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[m * K2 + j])), w);
+  }
+  for (int m = 0; m < mb; ++m) {
+    alignas(64) float lanes[ROWS];
+    _mm512_store_ps(lanes, acc[m]);
+    for (int i = 0; i < ROWS && n0 + i < N; ++i) y[m * N + n0 + i] = at::BFloat16(lanes[i] * as_float(scales[n0 + i]));
+  }
+}
+
+template <typename S>
+void int8_matmul_bf16(const at::BFloat16* x, int64_t M, int64_t K, const int8_t* codes, const S* scales, int64_t N,
+                      at::BFloat16* y) {
+  const auto xp = bf16_pairs(x, M, K);
+  const int64_t K2 = (K + 1) / 2, tiles = (N + ROWS - 1) / ROWS;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t m0 = 0; m0 < M; m0 += MBH) {
+#define MINILM_INT8_BF16(n) int8_block_bf16<n>(xp.data() + m0 * K2, K, codes + t * K * ROWS, scales, t * ROWS, N, y + m0 * N)
+        MINILM_ROW_CASES(MINILM_INT8_BF16)
+#undef MINILM_INT8_BF16
+      }
+  });
+}
+
+// Bytes [d0, d0 + 16) of a torch tile: 16 rows from the low nibbles (n0 ..) and 16 from the
+// high ones (n0 + half ..), each byte loaded and widened once for both.
+template <int mb, typename S>
+void int4_block_bf16(const uint32_t* xp, const float* xsum, int64_t K, int64_t G, int64_t group_size,
+                     const uint8_t* tile, int64_t half, int64_t d0,
+                     const S* scales_and_zeros, int64_t N_padded, int64_t n0, int64_t N, at::BFloat16* y) {
+  const int64_t K2 = (K + 1) / 2;
+  const __m512i mask = _mm512_set1_epi16(0x000F), bias = _mm512_set1_epi16(0x4300);
+  float out[2][mb][ROWS] = {};
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 lo_acc[mb], hi_acc[mb];
+    for (int m = 0; m < mb; ++m) lo_acc[m] = hi_acc[m] = _mm512_setzero_ps();
+    const int64_t j_end = std::min(K2, (g + 1) * group_size / 2);
+    for (int64_t j = g * group_size / 2; j < j_end; ++j) {  // inputs 2j, 2j + 1 (within K_padded)
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + 2 * j * half + d0));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + (2 * j + 1) * half + d0));
+      // 16-bit lanes 2i, 2i + 1: row i's bytes at inputs 2j and 2j + 1
+      const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+      const __m512bh lo = (__m512bh)_mm512_ternarylogic_epi32(bytes, mask, bias, 0xEA);  // (u & 0xF) | 0x4300
+      const __m512bh hi = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(bytes, 4), mask, bias, 0xEA);
+      for (int m = 0; m < mb; ++m) {
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[m * K2 + j]));
+        lo_acc[m] = _mm512_dpbf16_ps(lo_acc[m], xv, lo);
+        hi_acc[m] = _mm512_dpbf16_ps(hi_acc[m], xv, hi);
+      }
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int m = 0; m < mb; ++m) {
+        alignas(64) float sums[ROWS];
+        _mm512_store_ps(sums, h ? hi_acc[m] : lo_acc[m]);
+        for (int i = 0; i < ROWS; ++i) {
+          const S* sz = scales_and_zeros + (g * N_padded + n0 + h * half + i) * 2;
+          const float scale = as_float(sz[0]), offset = as_float(sz[1]) - 8.0f * scale;
+          out[h][m][i] += scale * sums[i] + (offset - 128.0f * scale) * xsum[m * G + g];
+        }
+      }
+  }
+  for (int h = 0; h < 2; ++h)
+    for (int m = 0; m < mb; ++m)
+      for (int i = 0; i < ROWS && n0 + h * half + i < N; ++i) y[m * N + n0 + h * half + i] = at::BFloat16(out[h][m][i]);
+}
+
+template <typename S>
+void int4_matmul_bf16(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t* packed, int64_t block_n,
+                      const S* scales_and_zeros, int64_t G, int64_t group_size, int64_t N_padded, int64_t N,
+                      at::BFloat16* y) {
+  const auto xp = bf16_pairs(x, M, K);
+  std::vector<float> xsum(M * G, 0.0f);  // (M, G)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xsum[m * G + k / group_size] += as_float(x[m * K + k]);
+  const int64_t half = block_n / 2, K_padded = G * group_size, K2 = (K + 1) / 2;
+  const int64_t per_tile = half / ROWS, blocks = N_padded / block_n * per_tile;
+  at::parallel_for(0, blocks, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t t = u / per_tile, d0 = (u % per_tile) * ROWS;
+      const int64_t n0 = t * block_n + d0;  // the low nibbles' first row; the high ones' is n0 + half
+      if (n0 >= N) continue;
+      const uint8_t* tile = packed + t * K_padded * half;
+      for (int64_t m0 = 0; m0 < M; m0 += MBH) {
+#define MINILM_INT4_BF16(n) int4_block_bf16<n>(xp.data() + m0 * K2, xsum.data() + m0 * G, K, G, group_size, tile, \
+                                               half, d0, scales_and_zeros, N_padded, n0, N, y + m0 * N)
+        MINILM_ROW_CASES(MINILM_INT4_BF16)
+#undef MINILM_INT4_BF16
+      }
+    }
+  });
+}
+#undef MINILM_ROW_CASES
+constexpr bool BF16_DOT = true;
+#else
+constexpr bool BF16_DOT = false;
+#endif
+
 // ---------------------------------------------------------------- fp32 / bf16
 // Plain GCC/Clang vector types: the compiler maps them to AVX2, AVX-512 or NEON registers.
 typedef uint32_t vu32 __attribute__((vector_size(V * sizeof(uint32_t))));
@@ -321,6 +459,192 @@ void dense_matmul(const float* xf, int64_t M, int64_t K, const W* w, const float
   });
 }
 
+// ---------------------------------------------------------------- RMSNorm and rotary
+// The fused path's small ops, one call each instead of ~8 torch ops: at decode each op costs its
+// dispatch, not its arithmetic.  The arithmetic is decoder.RMSNorm's and rope.apply_rotary's,
+// rounding to T where they do (the sum of squares is summed in another order: equal to rounding).
+
+// Tokens of H rows of D (row h of token t at x + t * stride + h * D): each row times
+// rsqrt(mean(row^2) + eps), rounded to T, times weight[h] (rounded to T), written to the same
+// place in `out` (which may be x).
+template <typename T>
+void rms_norm_rows(T* x, int64_t stride, int64_t tokens, int64_t H, int64_t D, const T* weight, double eps,
+                   T* out, int64_t out_stride) {
+  at::parallel_for(0, tokens * H, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t = r / H, h = r % H;
+      const T* xr = x + t * stride + h * D;
+      T* yr = out + t * out_stride + h * D;
+      const T* w = weight + h * D;
+      float sum = 0.0f;
+      for (int64_t i = 0; i < D; ++i) sum += as_float(xr[i]) * as_float(xr[i]);
+      const float scale = 1.0f / std::sqrt(sum / D + static_cast<float>(eps));
+      for (int64_t i = 0; i < D; ++i) yr[i] = T(as_float(w[i]) * as_float(T(as_float(xr[i]) * scale)));
+    }
+  });
+}
+
+// In place on rows of H heads of D: x * cos + rotate_half(x) * sin, each product rounded to T.
+template <typename T>
+void rotary_rows(T* x, int64_t stride, int64_t rows, int64_t H, int64_t D, const T* cos, const T* sin) {
+  const int64_t half = D / 2;
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* c = cos + r * D;
+      const T* s = sin + r * D;
+      for (int64_t h = 0; h < H; ++h) {
+        T* xh = x + r * stride + h * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = as_float(xh[i]), b = as_float(xh[i + half]);
+          const float lo_cos = as_float(T(a * as_float(c[i]))), lo_sin = as_float(T(-b * as_float(s[i])));
+          const float hi_cos = as_float(T(b * as_float(c[i + half]))), hi_sin = as_float(T(a * as_float(s[i + half])));
+          xh[i] = T(lo_cos + lo_sin);
+          xh[i + half] = T(hi_cos + hi_sin);
+        }
+      }
+    }
+  });
+}
+
+// x (..., H, D) with its token dims one stride apart -> (number of tokens, the token stride)
+std::pair<int64_t, int64_t> token_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 3 && x.stride(-1) == 1 && x.stride(-2) == x.size(-1), "x must be (..., H, D), heads dense");
+  for (int64_t i = 0; i + 3 < x.dim(); ++i)
+    TORCH_CHECK(x.stride(i) == x.size(i + 1) * x.stride(i + 1), "x's token dims must be one stride apart");
+  return {x.numel() / (x.size(-1) * x.size(-2)), x.stride(-3)};
+}
+
+#if defined(__AVX512BF16__)
+// bf16 x and bf16 weights on bf16 dot products: a weight row's memory is already the
+// (w[2i], w[2i + 1]) pairs `vdpbf16ps` takes, and so is x's, so a step of 32 inputs is one
+// load of each and one instruction per (row of x, weight row); the products are exact in fp32.
+constexpr int DMB = 6;  // rows of x per block: DMB * DN accumulators + DMB + 1 of 32 registers
+
+template <int nb, int mb>
+void dense_block_dot(const at::BFloat16* x, int64_t K, const at::BFloat16* w, const float* bias, int64_t N,
+                     at::BFloat16* y) {
+  __m512 acc[mb][nb];
+  for (int m = 0; m < mb; ++m)
+    for (int n = 0; n < nb; ++n) acc[m][n] = _mm512_setzero_ps();
+  const int64_t k_vec = K - K % 32;
+  for (int64_t k = 0; k < k_vec; k += 32) {
+    __m512bh xv[mb];
+    for (int m = 0; m < mb; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(x + m * K + k);
+    for (int n = 0; n < nb; ++n) {
+      __builtin_prefetch(w + (n + nb) * K + k);  // the next block's rows (see dense_block)
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + n * K + k);
+      for (int m = 0; m < mb; ++m) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv[m], wv);
+    }
+  }
+  for (int m = 0; m < mb; ++m)
+    for (int n = 0; n < nb; ++n) {
+      float sum = _mm512_reduce_add_ps(acc[m][n]);
+      for (int64_t k = k_vec; k < K; ++k) sum += as_float(x[m * K + k]) * as_float(w[n * K + k]);
+      y[m * N + n] = at::BFloat16(bias ? sum + bias[n] : sum);
+    }
+}
+
+void dense_matmul_dot(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* w, const float* bias,
+                      int64_t N, at::BFloat16* y) {
+  const int64_t blocks = (N + DN - 1) / DN;
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * DN, nb = std::min<int64_t>(DN, N - n0);
+      const float* bb = bias ? bias + n0 : nullptr;
+      for (int64_t m0 = 0; m0 < M; m0 += DMB) {
+        const int64_t mb = std::min<int64_t>(DMB, M - m0);
+        const at::BFloat16* xb = x + m0 * K;
+        at::BFloat16* yb = y + m0 * N + n0;
+#define MINILM_DOT(NB, MB) dense_block_dot<NB, MB>(xb, K, w + n0 * K, bb, N, yb)
+#define MINILM_DOT_ROWS(NB) \
+  switch (mb) { case 1: MINILM_DOT(NB, 1); break; case 2: MINILM_DOT(NB, 2); break; \
+                case 3: MINILM_DOT(NB, 3); break; case 4: MINILM_DOT(NB, 4); break; \
+                case 5: MINILM_DOT(NB, 5); break; default: MINILM_DOT(NB, 6); break; }
+        switch (nb) {
+          case 1: MINILM_DOT_ROWS(1) break;
+          case 2: MINILM_DOT_ROWS(2) break;
+          case 3: MINILM_DOT_ROWS(3) break;
+          default: MINILM_DOT_ROWS(4) break;
+        }
+#undef MINILM_DOT_ROWS
+#undef MINILM_DOT
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+// x (..., D) contiguous, weight (H, D) (H = 1: one norm) in x's dtype -> decoder.RMSNorm(x) with
+// row r of x normalised by weight[r % H]
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.is_contiguous() && weight.is_contiguous() && x.scalar_type() == weight.scalar_type(),
+              "x and weight must be contiguous, of one dtype");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
+  const int64_t D = x.size(-1), H = weight.numel() / D, rows = x.numel() / D;
+  TORCH_CHECK(H * D == weight.numel() && rows % H == 0, "weight must be (H, D) with H dividing x's rows");
+  at::Tensor y = at::empty_like(x);
+  const int64_t tokens = rows / H, stride = H * D;
+  if (x.scalar_type() == at::kFloat)
+    rms_norm_rows(x.data_ptr<float>(), stride, tokens, H, D, weight.data_ptr<float>(), eps, y.data_ptr<float>(), stride);
+  else
+    rms_norm_rows(x.data_ptr<at::BFloat16>(), stride, tokens, H, D, weight.data_ptr<at::BFloat16>(), eps,
+                  y.data_ptr<at::BFloat16>(), stride);
+  return y;
+}
+
+// In place: x (..., H, D) (a view of the fused qkv output), each head normalised by weight[h]
+// (H, D) when weight is given, then rotated by cos, sin (tokens, D) -> x
+at::Tensor norm_rotary_(at::Tensor x, const c10::optional<at::Tensor>& weight, double eps, const at::Tensor& cos,
+                        const at::Tensor& sin) {
+  const auto [rows, stride] = token_rows(x);
+  const int64_t H = x.size(-2), D = x.size(-1);
+  const at::Tensor c = cos.contiguous(), s = sin.contiguous();
+  TORCH_CHECK(c.numel() == rows * D && s.numel() == rows * D && c.scalar_type() == x.scalar_type() &&
+              s.scalar_type() == x.scalar_type(), "cos and sin must be (tokens, D) in x's dtype");
+  const bool norm = weight.has_value() && weight->defined();
+  at::Tensor w = norm ? weight->contiguous() : at::Tensor();
+  TORCH_CHECK(!norm || (w.numel() == H * D && w.scalar_type() == x.scalar_type()), "weight must be (H, D)");
+  auto run = [&](auto* p, auto* cp, auto* sp, auto* wp) {
+    if (wp) rms_norm_rows(p, stride, rows, H, D, wp, eps, p, stride);
+    rotary_rows(p, stride, rows, H, D, cp, sp);
+  };
+  if (x.scalar_type() == at::kFloat)
+    run(x.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), norm ? w.data_ptr<float>() : nullptr);
+  else if (x.scalar_type() == at::kBFloat16)
+    run(x.data_ptr<at::BFloat16>(), c.data_ptr<at::BFloat16>(), s.data_ptr<at::BFloat16>(),
+        norm ? w.data_ptr<at::BFloat16>() : nullptr);
+  else
+    TORCH_CHECK(false, "x must be float32 or bfloat16");
+  return x;
+}
+
+// x (..., 2 I) contiguous, gate then up -> silu(gate) * up (..., I), as decoder.MLP rounds it
+at::Tensor silu_mul(const at::Tensor& x) {
+  TORCH_CHECK(x.is_contiguous() && x.size(-1) % 2 == 0, "x must be contiguous (..., 2 I)");
+  const int64_t I = x.size(-1) / 2, rows = x.numel() / (2 * I);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = I;
+  at::Tensor y = at::empty(shape, x.options());
+  auto run = [&](auto* xp, auto* yp) {
+    using T = std::remove_pointer_t<decltype(yp)>;
+    at::parallel_for(0, rows * I, 4096, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t r = i / I, j = i % I;
+        const float g = as_float(xp[r * 2 * I + j]);
+        yp[i] = T(as_float(T(g / (1.0f + std::exp(-g)))) * as_float(xp[r * 2 * I + I + j]));
+      }
+    });
+  };
+  if (x.scalar_type() == at::kFloat) run(x.data_ptr<float>(), y.data_ptr<float>());
+  else if (x.scalar_type() == at::kBFloat16) run(x.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>());
+  else TORCH_CHECK(false, "x must be float32 or bfloat16");
+  return y;
+}
+
+namespace {
+
 void check_x(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous (M, K) matrix");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
@@ -337,6 +661,15 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
   TORCH_CHECK(scales.is_contiguous() && (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kBFloat16));
   at::Tensor y = at::empty({M, N}, x.options());
   const int8_t* q = codes.data_ptr<int8_t>();
+#if defined(__AVX512BF16__)
+  if (x.scalar_type() == at::kBFloat16) {
+    auto* xb = x.data_ptr<at::BFloat16>();
+    auto* yb = y.data_ptr<at::BFloat16>();
+    if (scales.scalar_type() == at::kFloat) int8_matmul_bf16(xb, M, K, q, scales.data_ptr<float>(), N, yb);
+    else int8_matmul_bf16(xb, M, K, q, scales.data_ptr<at::BFloat16>(), N, yb);
+    return y;
+  }
+#endif
   auto run = [&](auto* x_ptr, auto* y_ptr) {
     const auto xf = to_float_rows(x_ptr, M, K);
     if (scales.scalar_type() == at::kFloat) int8_matmul(xf.data(), M, K, q, scales.data_ptr<float>(), N, y_ptr);
@@ -362,6 +695,17 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, int64_t block_
               (scales_and_zeros.scalar_type() == at::kFloat || scales_and_zeros.scalar_type() == at::kBFloat16));
   at::Tensor y = at::empty({M, N}, x.options());
   const uint8_t* p = packed.data_ptr<uint8_t>();
+#if defined(__AVX512BF16__)
+  if (x.scalar_type() == at::kBFloat16) {
+    auto* xb = x.data_ptr<at::BFloat16>();
+    auto* yb = y.data_ptr<at::BFloat16>();
+    if (scales_and_zeros.scalar_type() == at::kFloat)
+      int4_matmul_bf16(xb, M, K, p, block_n, scales_and_zeros.data_ptr<float>(), G, group_size, N_padded, N, yb);
+    else
+      int4_matmul_bf16(xb, M, K, p, block_n, scales_and_zeros.data_ptr<at::BFloat16>(), G, group_size, N_padded, N, yb);
+    return y;
+  }
+#endif
   auto run = [&](auto* x_ptr, auto* y_ptr) {
     const auto xf = to_float_rows(x_ptr, M, K);
     if (scales_and_zeros.scalar_type() == at::kFloat)
@@ -390,6 +734,13 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& weight, const c10::op
   }
   const float* b = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
   at::Tensor y = at::empty({M, N}, x.options());
+#if defined(__AVX512BF16__)
+  if (x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16) {
+    dense_matmul_dot(x.data_ptr<at::BFloat16>(), M, K, weight.data_ptr<at::BFloat16>(), b, N,
+                     y.data_ptr<at::BFloat16>());
+    return y;
+  }
+#endif
   auto run = [&](auto* x_ptr, auto* y_ptr) {
     const auto xf = to_float_rows(x_ptr, M, K);  // x converted once, not once per weight
     if (weight.scalar_type() == at::kFloat) dense_matmul(xf.data(), M, K, weight.data_ptr<float>(), b, N, y_ptr);
@@ -402,3 +753,6 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& weight, const c10::op
 
 // the vector width this build uses, in floats (8: AVX2 or narrower, 16: AVX-512)
 int64_t vector_width() { return V; }
+
+// whether int8_mm / int4_mm / dense_mm multiply bf16 x on bf16 dot products (AVX512_BF16)
+bool bf16_dot() { return BF16_DOT; }

@@ -1,9 +1,6 @@
 """The readable reference: dequantize the whole weight to the model dtype, then one matmul.
-
-Runs on any device and dtype.  It reads every weight twice (codes in, floats out, then the
-matmul reads the floats), so it saves memory at rest but not bandwidth: the fast kernels
-exist to dequantize inside the matmul instead.
-"""
+Any device and dtype; it saves memory at rest, not bandwidth (the fast kernels dequantize
+inside the matmul instead)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Triton kernels: weight-only dequantizing matmul, y = x @ dequant(W).T, INT8 and INT4.
 
 Contract: `weight_only_linear(x, layer)` returns what `ReferenceKernel.linear` returns (up to
-float rounding) for a `QuantizedLinear` in the canonical layout (linear.py), without ever
-writing the float weight to memory: each program loads a tile of codes, turns it into floats
-in registers (the dequantization is fused in the inner loop) and multiplies it at once.
+float rounding) for a `QuantizedLinear` in the canonical layout (linear.py), dequantizing each
+tile of codes in registers, never writing the float weight to memory.
 
     x (M, K)  ──────────────────────────────┐
     codes (N, K) int8  or (N, K/2) uint8 ─ dequant tile (BLOCK_N, BLOCK_K) in fp32 ─ dot ─ y (M, N)
@@ -13,11 +12,9 @@ INT4 codes: byte j of a row holds column 2j in its low nibble and 2j + 1 in its 
 column k is `(byte[k // 2] >> 4 * (k % 2)) & 15`; its group is k // group_size.  Columns past
 K (the pad of a ragged last group) are masked, never read.
 
-Two kernels, chosen by the number of rows M:
-* `gemv` (M <= 4, decode at batch 1): one program per BLOCK_N outputs and row; a product and a
-  sum over K instead of `tl.dot` (whose tiles are at least 16 rows: 15 of 16 would be wasted).
-  Decode is bound by the bytes of weight read, and those are 2x (int8) or 4x (int4) fewer.
-* `matmul` (M > 4, batched decode and prefill): BLOCK_M x BLOCK_N tiles with `tl.dot`.
+Two kernels, by the number of rows M: `gemv` (M <= 4: one program per BLOCK_N outputs and row,
+a product and a sum over K, as `tl.dot`'s tiles of >= 16 rows would waste 15 of 16) and
+`matmul` (M > 4: BLOCK_M x BLOCK_N tiles with `tl.dot`).
 """
 
 from __future__ import annotations
@@ -100,10 +97,8 @@ def unavailable_reason(device: torch.device) -> str | None:
             return "Triton was imported under TRITON_INTERPRET=1, which runs on the CPU only"
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < (8, 0):
-            return (
-                f"this GPU has compute capability {major}.{minor} (a T4 is 7.5); the weight-only "
-                "Triton kernels need 8.0 or newer"
-            )
+            return (f"this GPU has compute capability {major}.{minor} (a T4 is 7.5); the "
+                    "weight-only Triton kernels need 8.0 or newer")
         return None
     if device.type == "cpu" and is_interpreted():
         return None
