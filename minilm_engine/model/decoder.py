@@ -2,10 +2,10 @@
 
 Contract: `CausalLM(config)` has exactly the parameter names of the Hugging Face checkpoints
 (`model.layers.0.self_attn.q_proj.weight`...), so loading is a name-for-name copy.
-`forward(input_ids (N,), positions (N,), attn)` returns hidden states (N, hidden): the
-step's tokens flat, no batch axis; `compute_logits(hidden)` turns the
-rows you need into vocabulary scores.  Attention is delegated to `attn` (an
-`AttentionContext`): the model never knows which serving strategy or cache layout runs it.
+`forward(input_ids (N,), positions (N,), attn)` returns hidden states (N, hidden), the step's
+tokens flat (no batch axis); `compute_logits(hidden)` turns the rows you need into vocabulary
+scores.  Attention is delegated to `attn` (an `AttentionContext`): the model never knows which
+serving strategy or cache layout runs it.
 
     input_ids ─ embed ─┬─ [RMSNorm ─ attention ─ +] ─ [RMSNorm ─ SwiGLU MLP ─ +] ─ ... ─ RMSNorm ─ lm_head
                        └──────── residual ───────┘ x num_hidden_layers
