@@ -152,6 +152,17 @@ def test_each_cpu_gets_its_own_build(monkeypatch):
     assert cpu_compiled.build_name() != native
 
 
+def test_each_torch_install_gets_its_own_build(monkeypatch):
+    """Two venvs on one machine (CI's main and Colab venvs, a user's two projects) must not share
+    a build name: torch would rebuild the other's build on every first load."""
+    from minilm_engine.model import cpu_build
+
+    here = cpu_compiled.build_name()
+    assert cpu_compiled.build_name() == here  # stable within one install
+    monkeypatch.setattr(cpu_build, "torch_install", lambda: "2.11.0 /elsewhere/site-packages/torch")
+    assert cpu_compiled.build_name() != here
+
+
 def test_switched_off_it_says_why(monkeypatch):
     monkeypatch.setenv(cpu_compiled.ENV_SWITCH, "0")
     monkeypatch.setattr(cpu_compiled.EXTENSION, "tried", False)

@@ -5,8 +5,9 @@ Contract: `Extension(prefix, source, functions, ...)` compiles one C++ source wi
 with `unavailable_reason()` saying why (no C++ compiler, no `ninja`, a failed build, or
 `MINILM_CPU_MICROKERNEL=0`); callers fall back to torch's operators.  Built with `-O3
 -march=native` (or `$MINILM_CPU_MARCH`, e.g. `haswell` for the AVX2 code on an AVX-512 machine),
-under a name carrying the CPU's flags, the -march and the source, so two CPUs sharing a home
-never load each other's build.  A first build takes a minute or two.
+under a name carrying the CPU's flags, the -march, the source and the torch it links against,
+so two CPUs (or two venvs) sharing a home never load, or rebuild, each other's build.  A first
+build takes a minute or two.
 """
 
 from __future__ import annotations
@@ -32,9 +33,20 @@ def march() -> str:
     return os.environ.get(MARCH_ENV, "native")
 
 
+def torch_install() -> str:
+    """Which torch a build links against: its version and where it is installed.  torch keeps one
+    build folder per name and rebuilds when the command changes, and the command holds torch's
+    include path: two venvs building under one name would rebuild each other's every time."""
+    import torch
+
+    return f"{torch.__version__} {os.path.dirname(torch.__file__)}"
+
+
 def build_name(prefix: str, source: str, functions: tuple[str, ...], flags: str) -> str:
-    """One name per (CPU flags, -march, source, exported functions), as -march=native code must be."""
-    digest = hashlib.sha256((flags + march() + source + " ".join(functions)).encode()).hexdigest()[:12]
+    """One name per (CPU flags, -march, torch, source, exported functions), as -march=native code
+    and a torch extension must be."""
+    key = flags + march() + torch_install() + source + " ".join(functions)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return f"{prefix}_{digest}"
 
 
@@ -87,7 +99,7 @@ class Extension:
         self.module, self.reason, self.tried = None, None, False
 
     def name(self) -> str:
-        """The extension's name: one per (CPU flags, -march, source, exported functions)."""
+        """The extension's name: one per (CPU flags, -march, torch, source, exported functions)."""
         return build_name(self.prefix, self.source_path.read_text(), self.functions, self.flags())
 
     def load(self):
