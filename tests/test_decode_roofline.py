@@ -92,7 +92,7 @@ def _chapter_01_verdicts() -> dict[str, list[str]]:
 
 
 def test_chapter_01_prose_matches_its_committed_verdicts():
-    """The Explain paragraphs state: below B* a batch costs little more than one, past B* four
+    """The Explain paragraphs state: far below B* a batch costs little more than one, past B* four
     times the batch at least doubles the step, and the seed's '32 cost little more than 1' fails on this CPU."""
     verdicts = _chapter_01_verdicts()
 
@@ -101,7 +101,7 @@ def test_chapter_01_prose_matches_its_committed_verdicts():
         assert found, f"chapter 01 prints no verdict on {prefix!r}"
         return found[0][2]
 
-    assert verdict("well below B*, a decode step of").startswith("verdict:  holds here")
+    assert verdict("far below B*, a decode step of").startswith("verdict:  holds here")
     assert verdict("past B*, four times the batch").startswith("verdict:  holds here")
     assert verdict("batching 32 requests costs little more than 1").startswith("verdict:  does not hold here")
     assert verdict("continuous batching serves a mixed workload").startswith("verdict:  holds here")
