@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -215,7 +216,10 @@ def hf_continuous_batching(model, workload: Workload, args, kv_budget: int, kv_b
     n = workload.output_lens[0]
     assert all(m == n for m in workload.output_lens), "generate_batch takes one max_new_tokens"
     longest = max(len(p) for p in workload.prompts) + n
-    cb_config = ContinuousBatchingConfig(
+    # The page size is `block_size` in transformers 5.17 and `page_size` in 5.25; 5.17 has no
+    # `auto_switch_to_flash`: a keyword the installed version lacks is left out.
+    accepted = inspect.signature(ContinuousBatchingConfig.__init__).parameters
+    options = dict(
         page_size=page_size,
         num_blocks=max(1, kv_budget // (page_size * kv_bytes_per_token)),
         max_batch_tokens=args.max_num_batched_tokens,
@@ -225,6 +229,9 @@ def hf_continuous_batching(model, workload: Workload, args, kv_budget: int, kv_b
         # a kernel from the hub, and the benchmark machine may be offline.
         auto_switch_to_flash=importlib.util.find_spec("flash_attn") is not None,
     )
+    if "page_size" not in accepted:
+        options["block_size"] = options.pop("page_size")
+    cb_config = ContinuousBatchingConfig(**{k: v for k, v in options.items() if k in accepted})
     # Its logger warns that a persistent manager is sized for its first workload: we size it.
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
     try:

@@ -80,9 +80,18 @@ else
     for f in $BROKEN; do IGNORES+=(--ignore="$f"); done
     [[ -n $BROKEN ]] && echo "left out (imports missing here): $(echo $BROKEN | tr '\n' ' ')"
     echo "== tests (limit ${TESTS_S}s)"
-    timeout -k 10 "$TESTS_S" "$PYTHON" -m pytest "${TEST_PATHS[@]}" -m "$MARKERS" -q -x -p no:cacheprovider \
+    # On a GPU every failure is worth seeing in one pass (a lent machine is rare): no -x, and the
+    # tests spread over the CPU's cores when pytest-xdist is there (the CUDA tests share the card).
+    RUN_OPTS=(-x)
+    if [[ $DRY_RUN == 0 ]]; then
+        RUN_OPTS=(--maxfail=150 -rfE --durations=10)
+        "$PYTHON" -c "import xdist" 2>/dev/null && RUN_OPTS+=(-n "${GPU_CHECK_WORKERS:-8}")
+    fi
+    # SIGINT at the limit: pytest stops as on Ctrl-C and still prints what failed.
+    timeout -s INT -k 30 "$TESTS_S" "$PYTHON" -m pytest "${TEST_PATHS[@]}" -m "$MARKERS" -q "${RUN_OPTS[@]}" -p no:cacheprovider \
         "${TEST_FILTER[@]}" "${IGNORES[@]}" >"$OUT_DIR/pytest.log" 2>&1
     TESTS_RC=$?
+    grep -E "^(FAILED|ERROR) " "$OUT_DIR/pytest.log" | head -n 40
     tail -n 5 "$OUT_DIR/pytest.log"
     LAST=$(grep -E '[0-9]+ (passed|failed|error)' "$OUT_DIR/pytest.log" | tail -n 1 | sed 's/=//g; s/^ *//; s/ *$//')
     if [[ $TESTS_RC == 124 || $TESTS_RC == 137 ]]; then

@@ -247,6 +247,15 @@ def test_sampler_uses_the_row_generator():
     assert len(set(c)) > 1  # one generator advances: successive draws differ
 
 
+def test_an_all_greedy_batch_off_the_cpu_samples_nothing():
+    # Off the CPU one pass takes every sampling row; a batch with none took range(0, 0, 0) and
+    # failed every greedy step on a GPU (found on an H200).  "meta" stands in for the GPU: a
+    # device that is not the CPU, where argmax runs and nothing is computed.
+    logits = torch.empty(3, 50, device="meta")
+    tokens = sample(logits, [SamplingParams(temperature=0)] * 3, [None] * 3)
+    assert tokens.shape == (3,) and tokens.device.type == "meta"
+
+
 # ---------------------------------------------------------------------- seeds through LLM
 SAMPLED = dict(temperature=1.0, max_tokens=16, ignore_eos=True)
 

@@ -141,7 +141,8 @@ def sample(
     rows = [i for i, p in enumerate(params) if not p.greedy]
     # On a CPU, rows go in chunks of about CPU_CHUNK_BYTES: passes that outgrow the cache cost
     # more than they save (benchmarks/sampler_cost.py).
-    chunk = len(rows) if logits.device.type != "cpu" else max(1, CPU_CHUNK_BYTES // (4 * logits.shape[-1]))
+    # Elsewhere one pass takes every row (max(1, ...): a batch with no sampling row has none).
+    chunk = max(1, len(rows) if logits.device.type != "cpu" else CPU_CHUNK_BYTES // (4 * logits.shape[-1]))
     for start in range(0, len(rows), chunk):
         some = rows[start : start + chunk]
         sampling = logits if len(some) == len(params) else logits[some]  # (S, V)
