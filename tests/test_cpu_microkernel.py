@@ -2,7 +2,8 @@
 arithmetic on the (dequantized) weight: every row count across its blocks of rows, shapes that
 are not whole tiles or whole vectors, both of torch's vectorized int4 packings (whatever this
 CPU packs), fp32 and bf16 weights (`dense_mm`) at every row count 1..64 and 1 or 2 threads,
-float32 and bfloat16 activations and scales.  Skipped where it cannot be built, except under
+bf16 weights packed in pairs (`packed_mm`) across its row blocks and chunks, float32 and
+bfloat16 activations and scales.  Skipped where it cannot be built, except under
 MINILM_REQUIRE_MICROKERNEL=1 (CI), where that is a failure."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from minilm_engine.model.quantization import schemes
-from minilm_engine.model.quantization.kernels import cpu, cpu_compiled
+from minilm_engine.model.quantization.kernels import cpu, cpu_compiled, cpu_dense
 
 
 @pytest.fixture
@@ -69,6 +70,41 @@ def test_dense_fp32_is_torch_to_rounding(micro):
     for M in (1, 2, 7, 16, 64):
         x = torch.randn(M, 1024)
         torch.testing.assert_close(micro.dense_mm(x, weight, None), F.linear(x, weight), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("N,K", [(1, 1), (16, 2), (17, 63), (48, 64), (130, 129)])  # odd K: a half pair
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_packed_equals_fp32_arithmetic_at_every_row_count(micro, N, K, num_threads):
+    """bf16 weights packed in pairs: 1..70 rows cover every remainder of the row block (8) with
+    one and two tiles, 1 row its own path, 129 and 260 a chunk of 128 rows and its remainder;
+    with and without a bias."""
+    torch.manual_seed(N * K)
+    weight, bias = torch.randn(N, K).bfloat16(), torch.randn(N).bfloat16()
+    packed = cpu_dense.pack_pairs(weight)
+    assert packed.shape == (-(-N // 16), -(-K // 2), 16, 2)
+    ids = torch.arange(N).flip(0)
+    assert torch.equal(cpu_dense.packed_rows(packed, ids, K), weight[ids])  # read back: the rows
+    threads = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        for M in list(range(1, 71)) + [129, 260]:
+            x = torch.randn(M, K).bfloat16()
+            expected = x.float() @ weight.float().t()  # (M, N)
+            close(micro.packed_mm(x, packed, N, None), expected, torch.bfloat16)
+            close(micro.packed_mm(x, packed, N, bias), expected + bias.float(), torch.bfloat16)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_packed_matmul_is_f_linear_to_rounding(micro):
+    torch.manual_seed(0)
+    weight, bias = torch.randn(1000, 1024).bfloat16(), torch.randn(1000).bfloat16()
+    matmul = cpu_dense.PackedMatmul(weight, bias, micro)
+    for shape in ((1, 1024), (3, 5, 1024)):
+        x = torch.randn(*shape).bfloat16()
+        expected = F.linear(x.float(), weight.float(), bias.float())
+        close(matmul(x), expected, torch.bfloat16)
+        assert matmul(x).shape == (*shape[:-1], 1000)
 
 
 @pytest.mark.parametrize("block_n", [32, 64])  # AVX2's and AVX-512's packings, on any CPU
@@ -135,6 +171,10 @@ def test_bad_shapes_are_refused_with_a_message(micro):
         micro.dense_mm(x, torch.randn(8, 64).half(), None)
     with pytest.raises(RuntimeError, match="bias must be"):
         micro.dense_mm(x, torch.randn(8, 64), torch.randn(7))
+    with pytest.raises(RuntimeError, match=r"packed must be \(ceil\(N / 16\), ceil\(K / 2\), 16, 2\) bf16"):
+        micro.packed_mm(x.bfloat16(), torch.zeros(1, 16, 16, 2, dtype=torch.bfloat16), 16, None)
+    with pytest.raises(RuntimeError, match="x must be a contiguous \\(M, K\\) bf16 matrix"):
+        micro.packed_mm(x, torch.zeros(1, 32, 16, 2, dtype=torch.bfloat16), 16, None)
     with pytest.raises(RuntimeError, match="block_n must be a multiple of 32"):
         micro.int4_mm(x, torch.zeros(16, 32, dtype=torch.uint8), 16, torch.ones(2, 16, 2), 32, 16)
 

@@ -63,16 +63,18 @@ def test_fused_logits_match_the_readable_model(checkpoint):
 
 
 def test_fused_in_bf16_gives_the_readable_bf16_tokens(checkpoint, prompts):
-    # With the micro-kernel bf16 runs it below the crossover on every CPU (plain weights);
-    # without it the weights are packed for oneDNN, and a CPU whose oneDNN has no bf16 (AVX2
-    # only) keeps the readable model, and says so.
-    if native_bf16_matmul():  # oneDNN's packed copy for the projections (see fuse_for_cpu)
-        reference, fused = engines(checkpoint.path, dtype="bfloat16")
-        assert fused.model_backend == "fused" and fused.model.model.layers[0].mlp.gate_up_proj.packed
-    elif cpu_compiled.load() is not None:
+    # With the micro-kernel bf16 weights are packed in pairs on every CPU (a tied table too:
+    # the embedding reads the head's copy); without it they are packed for oneDNN, and a CPU
+    # whose oneDNN has no bf16 (AVX2 only) keeps the readable model, and says so.
+    if cpu_compiled.load() is not None:
         reference, fused = engines(checkpoint.path, dtype="bfloat16")
         proj = fused.model.model.layers[0].mlp.gate_up_proj
-        assert fused.model_backend == "fused" and not proj.packed and proj.matmul is not None
+        assert fused.model_backend == "fused" and isinstance(proj.matmul, cpu_dense.PackedMatmul)
+        assert isinstance(fused.model.lm_head.matmul, cpu_dense.PackedMatmul)
+        assert fused.weight_bytes == reference.weight_bytes  # the table counted once, padding not at all
+    elif native_bf16_matmul():  # oneDNN's packed copy for the projections (see fuse_for_cpu)
+        reference, fused = engines(checkpoint.path, dtype="bfloat16")
+        assert fused.model_backend == "fused" and fused.model.model.layers[0].mlp.gate_up_proj.onednn_packed
     else:
         with pytest.warns(UserWarning, match="falls back to the readable model: this CPU has no bf16 support"):
             reference, fused = engines(checkpoint.path, dtype="bfloat16")
@@ -137,8 +139,8 @@ def kernel_rows(llm: LLM) -> list[cpu_dense.DenseMatmul | None]:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_equal_with_the_kernel_on_every_matmul(cpu_microkernel, checkpoint, prompts, dtype):
-    """The kernel on every projection (`microkernel=True`, bf16 too where oneDNN has native bf16)
-    and the crossover forced to 64 rows: every decode step and every prompt here runs it."""
+    """The kernel on every projection and the head (`microkernel=True`), fp32's crossover forced
+    to 64 rows (bf16 runs it at every row count): every decode step and every prompt runs it."""
     args = dict(record_trace=False, kv_cache_memory=8 << 20, dtype=dtype)
     reference = LLM(checkpoint.path, model_backend="reference", **args)
     fused = LLM(checkpoint.path, model_backend="reference", **args)
@@ -196,7 +198,7 @@ def test_without_the_kernel_the_fused_path_runs_torch_and_says_why(checkpoint, p
 
 
 class CountingKernel:
-    """The compiled module, with the row count of every `dense_mm` call recorded."""
+    """The compiled module, with the row count of every `dense_mm` and `packed_mm` call recorded."""
 
     def __init__(self, micro, calls: list[int]):
         self.micro, self.calls = micro, calls
@@ -204,6 +206,10 @@ class CountingKernel:
     def dense_mm(self, x, weight, bias):
         self.calls.append(x.shape[0])
         return self.micro.dense_mm(x, weight, bias)
+
+    def packed_mm(self, x, packed, N, bias):
+        self.calls.append(x.shape[0])
+        return self.micro.packed_mm(x, packed, N, bias)
 
 
 def test_a_fixed_crossover_from_the_environment(cpu_microkernel, monkeypatch):

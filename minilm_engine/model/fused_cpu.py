@@ -14,14 +14,16 @@ a default that cannot run falls back quietly).
     q_norm(q), k_norm(k), rotary(q), rotary(k)  norm_rotary_(q and k): one kernel call, in place
     down(silu(gate(x)) * up(x))                 down(silu_mul(gate_up(x))): one matmul, one call
     RMSNorm: ~8 torch ops                       rms_norm: one kernel call
-    every matmul: F.linear                      the micro-kernel's dense_mm up to a measured row
-                                                count, torch above it (kernels/cpu_dense.py)
+    every matmul: F.linear                      bf16: the micro-kernel's packed_mm on weights
+                                                repacked in pairs; fp32: its dense_mm up to a
+                                                measured row count, torch above (kernels/cpu_dense.py)
+    embed_tokens: nn.Embedding                  a tied bf16 table: rows read from the head's
+                                                packed copy (one table)
 
 Why: a decode step should cost one read of the weights, and at a few rows each small op costs
 its dispatch, not its arithmetic.  Quantized projections stay `QuantizedLinear`s under their
-checkpoint names, grouped by input (`QuantizedGroup`).  bf16 projections on a CPU with native
-bf16 matmuls keep oneDNN's packed copy (faster than the kernel above its crossover, and one copy
-cannot be both); the tied LM head keeps its one table.
+checkpoint names, grouped by input (`QuantizedGroup`).  Without the micro-kernel bf16 weights
+are packed for oneDNN instead.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from torch import nn
 from minilm_engine.model.device import native_bf16_matmul
 from minilm_engine.model.decoder import MLP, Attention, CausalLM
 from minilm_engine.model.quantization.kernels import cpu_compiled
-from minilm_engine.model.quantization.kernels.cpu_dense import DenseMatmul
+from minilm_engine.model.quantization.kernels.cpu_dense import DenseMatmul, PackedMatmul
 from minilm_engine.model.quantization.linear import QuantizedLinear
 from minilm_engine.model.rope import apply_rotary
 
@@ -48,10 +50,10 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 class FusedLinear(nn.Module):
     """y = x W^T + b for `nn.Linear`s of the same input, their outputs side by side, as one
-    matmul (inference only).  With the micro-kernel (`micro`) the weight is one plain (N, K)
-    matrix (`DenseMatmul`); without it bf16 weights are packed for oneDNN (opaque; `packed`) and
-    fp32 ones stay plain for `F.linear` (packing was ~7% slower there).  `num_weight_bytes`
-    (bias included) is for `LLM.weight_bytes`."""
+    matmul (inference only), over one copy of the weight.  With the micro-kernel (`micro`): bf16
+    weights packed in pairs (`PackedMatmul`), fp32 ones plain (`DenseMatmul`).  Without it: bf16
+    packed for oneDNN (opaque; `onednn_packed`), fp32 plain for `F.linear` (packing was ~7%
+    slower there).  `num_weight_bytes` (bias included) is for `LLM.weight_bytes`."""
 
     def __init__(self, linears: list[nn.Linear], micro=None):
         super().__init__()
@@ -59,15 +61,20 @@ class FusedLinear(nn.Module):
         biases = [lin.bias for lin in linears]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self.num_weight_bytes = sum(t.numel() * t.element_size() for t in (weight, self.bias) if t is not None)
-        self.packed = micro is None and weight.dtype == torch.bfloat16
+        bf16 = weight.dtype == torch.bfloat16
+        self.onednn_packed = micro is None and bf16
+        self.matmul = None
+        if micro is not None:
+            self.matmul = (PackedMatmul if bf16 else DenseMatmul)(weight, self.bias, micro)
         # Packed for one row (decode); measured as fast as any other hint at 4, 16 and 512 rows.
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if self.packed else weight
-        self.matmul = None if micro is None else DenseMatmul(self.weight, self.bias, micro)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if self.onednn_packed else weight
+        if isinstance(self.matmul, PackedMatmul):
+            self.weight = None  # the pairs are the one copy
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.matmul is not None:
             return self.matmul(x)
-        if self.packed:
+        if self.onednn_packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
@@ -184,14 +191,23 @@ class FusedMLP(nn.Module):
 
 
 class MatVecHead(nn.Module):
-    """The LM head over the same weight (tied or not; no copy): the micro-kernel below its
-    crossover when there is one; else `torch.mv` at one row, where it reads the table faster
-    than `F.linear`, and `F.linear` otherwise."""
+    """The LM head over one copy of its weight.  With the micro-kernel: a bf16 head packed in
+    pairs (`PackedMatmul`; a tied embedding then reads its rows from that copy, `PackedEmbedding`,
+    and `num_weight_bytes` counts the table once) or an fp32 one plain below its crossover
+    (`DenseMatmul`).  Else the same Parameter (a tied table stays one), `torch.mv` at one row,
+    where it reads the table faster than `F.linear`, and `F.linear` otherwise."""
 
     def __init__(self, head: nn.Linear, micro=None):
         super().__init__()
-        self.weight = head.weight  # (V, hidden), the same Parameter: a tied table stays one
-        self.matmul = None if micro is None else DenseMatmul(head.weight.detach(), None, micro)
+        weight = head.weight.detach()  # (V, hidden)
+        self.matmul, self.num_weight_bytes = None, 0
+        if micro is not None and weight.dtype == torch.bfloat16:
+            self.matmul = PackedMatmul(weight, None, micro)
+            self.num_weight_bytes = self.matmul.num_weight_bytes  # no Parameter holds it now
+            self.weight = None
+        else:
+            self.weight = head.weight  # the same Parameter
+            self.matmul = None if micro is None else DenseMatmul(weight, None, micro)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.matmul is not None:
@@ -199,6 +215,19 @@ class MatVecHead(nn.Module):
         if x.dim() == 2 and x.shape[0] == 1:
             return torch.mv(self.weight, x[0])[None]  # (1, V)
         return F.linear(x, self.weight)
+
+
+class PackedEmbedding(nn.Module):
+    """A tied input embedding whose table is the LM head's packed copy: ids (...) -> (..., hidden),
+    the rows `nn.Embedding` gave (`weight` is the packed table, for its device and dtype)."""
+
+    def __init__(self, head: PackedMatmul):
+        super().__init__()
+        self.head = head
+        self.weight = head.packed
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.rows(ids)
 
 
 def fused_unavailable(model: CausalLM) -> str | None:
@@ -221,26 +250,26 @@ def fused_unavailable(model: CausalLM) -> str | None:
 @torch.no_grad()
 def fuse_for_cpu(model: CausalLM, microkernel: bool | None = None) -> CausalLM:
     """Swap, in place, every layer's attention, MLP and norms for the fused modules and the head
-    for `MatVecHead` (the old projection weights are dropped).  `microkernel`: None (the default)
-    the kernel everywhere except bf16 projections where oneDNN has native bf16 (its packed copy
-    was ~1.25x faster above the crossover, Qwen3-0.6B at B = 4..16); True: everywhere (the
-    tests); False: nowhere (the benchmarks' "before")."""
+    for `MatVecHead` (the old projection weights are dropped; a tied bf16 table moves into the
+    head).  `microkernel`: None (the default) or True, the kernel wherever it builds (None warns
+    where it does not); False: nowhere (the benchmarks' "before": torch's matmuls)."""
     micro = None if microkernel is False else cpu_compiled.load()
     if micro is None and microkernel is not False:
         warnings.warn(f"fused CPU path without the micro-kernel ({cpu_compiled.unavailable_reason()}): "
                       "its matmuls run on torch (oneDNN / MKL)", stacklevel=3)
-    native_bf16 = model.dtype == torch.bfloat16 and native_bf16_matmul()
-    layer_micro = None if microkernel is None and native_bf16 else micro
     for layer in model.model.layers:
-        layer.self_attn = FusedAttention(layer.self_attn, layer_micro, micro)
-        layer.mlp = FusedMLP(layer.mlp, layer_micro, micro)
+        layer.self_attn = FusedAttention(layer.self_attn, micro, micro)
+        layer.mlp = FusedMLP(layer.mlp, micro, micro)
         if micro is not None:
             layer.input_layernorm = KernelRMSNorm(layer.input_layernorm, micro)
             layer.post_attention_layernorm = KernelRMSNorm(layer.post_attention_layernorm, micro)
     if micro is not None:
         model.model.norm = KernelRMSNorm(model.model.norm, micro)
     if type(model.lm_head) is nn.Linear and model.lm_head.bias is None:
+        tied = model.lm_head.weight is model.model.embed_tokens.weight
         model.lm_head = MatVecHead(model.lm_head, micro)
+        if tied and isinstance(model.lm_head.matmul, PackedMatmul):  # the table now lives in the head
+            model.model.embed_tokens = PackedEmbedding(model.lm_head.matmul)
     return model
 
 
@@ -272,4 +301,4 @@ def apply_model_backend(model: CausalLM, backend: str, warn: bool = True) -> str
 
 def fused_weight_bytes(model: nn.Module) -> int:
     """Bytes held in fused weights (not parameters: invisible to `quantization.weight_bytes`)."""
-    return sum(m.num_weight_bytes for m in model.modules() if isinstance(m, FusedLinear))
+    return sum(m.num_weight_bytes for m in model.modules() if isinstance(m, (FusedLinear, MatVecHead)))

@@ -16,7 +16,8 @@ from minilm_engine.model.cpu_build import ENV_SWITCH
 __all__ = ["ENV_SWITCH", "FUNCTIONS", "SOURCE", "EXTENSION", "build_name", "load", "unavailable_reason"]
 
 SOURCE = Path(__file__).with_name("cpu_microkernel.cpp")
-FUNCTIONS = ("dense_mm", "int8_mm", "int4_mm", "rms_norm", "norm_rotary_", "silu_mul", "vector_width", "bf16_dot")  # what the module exports
+FUNCTIONS = ("dense_mm", "packed_mm", "int8_mm", "int4_mm", "rms_norm", "norm_rotary_", "silu_mul", "vector_width",
+             "bf16_dot")  # what the module exports
 
 
 def _cpu_flags() -> str:

@@ -572,6 +572,183 @@ void dense_matmul_dot(const at::BFloat16* x, int64_t M, int64_t K, const at::BFl
     }
   });
 }
+
+#endif
+
+
+// -- bf16 weights packed in pairs (`packed_mm`) ------------------------------------------------
+// packed (ceil(N / 16), ceil(K / 2), 16, 2): in tile t, pair p holds (w[16t + j, 2p], w[16t + j,
+// 2p + 1]) for the tile's 16 rows j side by side (64 bytes), zeros past row N and input K.  A
+// tile is one contiguous run the hardware prefetcher follows start to end, and one pair of
+// inputs is an outer product: x's pair (x[m, 2p], x[m, 2p + 1]) broadcast against the 16 rows'
+// pairs adds to 16 outputs at once, with no sum across lanes at the end.  (oneDNN packs bf16
+// the same way.)  The plain (N, K) layout reads a block of rows as several short streams whose
+// addresses collide in the caches' sets; one-row steps read it at ~25 GB/s where the tiles
+// read at ~50 (2-core EPYC, 2026-12-04, benchmarks/roofline.py).
+constexpr int PT = 16;  // output rows per tile
+
+// x's pair p of a row as one 32-bit word (x[2p] in the low half): a whole pair, or an odd K's
+// last input with zero above it, as the packed weight's padding has
+inline uint32_t x_pair(const at::BFloat16* row, int64_t p) {
+  uint32_t word;
+  std::memcpy(&word, row + 2 * p, 4);
+  return word;
+}
+
+inline uint32_t x_last_half_pair(const at::BFloat16* row, int64_t K) {
+  uint16_t half;
+  std::memcpy(&half, row + K - 1, 2);
+  return half;
+}
+
+// y[m, n0 + n] = acc[m][n] (+ bias), rounded once to x's bf16, for the n < N of the tile(s)
+template <int mb>
+inline void store_tile(const float (&acc)[mb][2 * PT], int width, const float* bias, int64_t n0, int64_t N,
+                       at::BFloat16* y) {
+  const int nb = (int)std::min<int64_t>(width, N - n0);
+  for (int m = 0; m < mb; ++m)
+    for (int n = 0; n < nb; ++n) y[m * N + n0 + n] = at::BFloat16(bias ? acc[m][n] + bias[n0 + n] : acc[m][n]);
+}
+
+#if defined(__AVX512BF16__)
+// mb rows of x against nv adjacent tiles: mb * nv accumulators of 16 outputs each
+template <int nv, int mb>
+void packed_block_dot(const at::BFloat16* x, int64_t K, const at::BFloat16* tile, int64_t tile_size,
+                      const float* bias, int64_t n0, int64_t N, at::BFloat16* y) {
+  __m512 acc[mb][nv];
+  for (int m = 0; m < mb; ++m)
+    for (int v = 0; v < nv; ++v) acc[m][v] = _mm512_setzero_ps();
+  const int64_t pairs = (K + 1) / 2;
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh w[nv];
+    for (int v = 0; v < nv; ++v) w[v] = (__m512bh)_mm512_loadu_si512(tile + v * tile_size + p * 2 * PT);
+    const bool half = 2 * p + 1 == K;  // true at most once, at the end
+    for (int m = 0; m < mb; ++m) {
+      const uint32_t word = half ? x_last_half_pair(x + m * K, K) : x_pair(x + m * K, p);
+      const __m512bh xp = (__m512bh)_mm512_set1_epi32((int)word);
+      for (int v = 0; v < nv; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], xp, w[v]);
+    }
+  }
+  float out[mb][2 * PT];
+  for (int m = 0; m < mb; ++m)
+    for (int v = 0; v < nv; ++v) _mm512_storeu_ps(out[m] + v * PT, acc[m][v]);
+  store_tile<mb>(out, nv * PT, bias, n0, N, y);
+}
+
+// one row of x against one tile, the pairs dealt over U accumulators: one stream, and U
+// independent chains of dot products to hide their latency
+void packed_row_dot(const at::BFloat16* x, int64_t K, const at::BFloat16* tile, const float* bias, int64_t n0,
+                    int64_t N, at::BFloat16* y) {
+  constexpr int U = 4;
+  __m512 acc[U];
+  for (int u = 0; u < U; ++u) acc[u] = _mm512_setzero_ps();
+  const int64_t pairs = K / 2, unrolled = pairs - pairs % U;
+  for (int64_t p = 0; p < unrolled; p += U)
+    for (int u = 0; u < U; ++u)
+      acc[u] = _mm512_dpbf16_ps(acc[u], (__m512bh)_mm512_set1_epi32((int)x_pair(x, p + u)),
+                                (__m512bh)_mm512_loadu_si512(tile + (p + u) * 2 * PT));
+  for (int64_t p = unrolled; p < (K + 1) / 2; ++p) {
+    const uint32_t word = 2 * p + 1 == K ? x_last_half_pair(x, K) : x_pair(x, p);
+    acc[0] = _mm512_dpbf16_ps(acc[0], (__m512bh)_mm512_set1_epi32((int)word),
+                              (__m512bh)_mm512_loadu_si512(tile + p * 2 * PT));
+  }
+  for (int u = 1; u < U; ++u) acc[0] = _mm512_add_ps(acc[0], acc[u]);
+  float out[1][2 * PT];
+  _mm512_storeu_ps(out[0], acc[0]);
+  store_tile<1>(out, PT, bias, n0, N, y);
+}
+
+constexpr int PMB = 8;    // rows of x per block: 2 * PMB accumulators + 2 weights + 1 pair
+constexpr int PMC = 128;  // rows of x per chunk (see packed_matmul)
+
+void packed_matmul(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* packed, const float* bias,
+                   int64_t N, at::BFloat16* y) {
+  const int64_t tiles = (N + PT - 1) / PT, tile_size = (K + 1) / 2 * 2 * PT;
+  if (M == 1) {
+    at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) packed_row_dot(x, K, packed + t * tile_size, bias, t * PT, N, y);
+    });
+    return;
+  }
+  // Two tiles a block (each pair of x shared by 32 outputs), the last alone when tiles is odd.
+  // Rows of x go in chunks of PMC that stay in L2 while every tile passes over them (a prefill
+  // reads the weight once per chunk: little beside its arithmetic).
+  for (int64_t c0 = 0; c0 < M; c0 += PMC) {
+    const int64_t c1 = std::min<int64_t>(M, c0 + PMC);
+    at::parallel_for(0, (tiles + 1) / 2, 4, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t t = 2 * b;
+        const at::BFloat16* tile = packed + t * tile_size;
+        for (int64_t m0 = c0; m0 < c1; m0 += PMB) {  // the tiles stay in L1 / L2 for every block of x
+          const int64_t mb = std::min<int64_t>(PMB, c1 - m0);
+          const at::BFloat16* xb = x + m0 * K;
+          at::BFloat16* yb = y + m0 * N;
+#define MINILM_PACKED(NV, MB) packed_block_dot<NV, MB>(xb, K, tile, tile_size, bias, t * PT, N, yb)
+#define MINILM_PACKED_ROWS(NV) \
+  switch (mb) { case 1: MINILM_PACKED(NV, 1); break; case 2: MINILM_PACKED(NV, 2); break; \
+                case 3: MINILM_PACKED(NV, 3); break; case 4: MINILM_PACKED(NV, 4); break; \
+                case 5: MINILM_PACKED(NV, 5); break; case 6: MINILM_PACKED(NV, 6); break; \
+                case 7: MINILM_PACKED(NV, 7); break; default: MINILM_PACKED(NV, 8); break; }
+          if (t + 1 < tiles) { MINILM_PACKED_ROWS(2) } else { MINILM_PACKED_ROWS(1) }
+#undef MINILM_PACKED_ROWS
+#undef MINILM_PACKED
+        }
+      }
+    });
+  }
+}
+#else
+// Without bf16 dot products: a pair word of the weight is two exact fp32 values (`word << 16`,
+// `word & 0xFFFF0000`, as in dense_block), each multiplied by x's input broadcast in fp32.
+constexpr int PV = PT / V;  // vectors per tile: 1 (AVX-512), 2 (AVX2, NEON)
+constexpr int PMB = 4;      // rows of x per block: PMB * PV accumulators + 2 * PV + 2 vectors fit 16 registers
+
+template <int mb>
+void packed_block(const float* xf, int64_t K, const at::BFloat16* tile, const float* bias, int64_t n0, int64_t N,
+                  at::BFloat16* y) {
+  vfloat acc[mb][PV] = {};
+  const int64_t pairs = (K + 1) / 2;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(tile);
+  for (int64_t p = 0; p < pairs; ++p) {
+    vfloat even[PV], odd[PV];
+    for (int h = 0; h < PV; ++h) {
+      const vu32 w = load_vector<vu32>(words + p * PT + h * V);
+      even[h] = (vfloat)(w << 16);
+      odd[h] = (vfloat)(w & 0xFFFF0000u);
+    }
+    for (int m = 0; m < mb; ++m) {
+      const float x0 = xf[m * K + 2 * p], x1 = 2 * p + 1 < K ? xf[m * K + 2 * p + 1] : 0.0f;
+      for (int h = 0; h < PV; ++h) {  // two statements: two fused multiply-adds, no temporary
+        acc[m][h] += x0 * even[h];
+        acc[m][h] += x1 * odd[h];
+      }
+    }
+  }
+  float out[mb][2 * PT];
+  for (int m = 0; m < mb; ++m)
+    for (int h = 0; h < PV; ++h) std::memcpy(out[m] + h * V, &acc[m][h], sizeof(vfloat));
+  store_tile<mb>(out, PT, bias, n0, N, y);
+}
+
+void packed_matmul(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* packed, const float* bias,
+                   int64_t N, at::BFloat16* y) {
+  const auto xf = to_float_rows(x, M, K);  // x converted once, not once per tile
+  const int64_t tiles = (N + PT - 1) / PT, tile_size = (K + 1) / 2 * 2 * PT;
+  at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t m0 = 0; m0 < M; m0 += PMB) {
+        const float* xb = xf.data() + m0 * K;
+        at::BFloat16* yb = y + m0 * N;
+        const at::BFloat16* tile = packed + t * tile_size;
+        switch (std::min<int64_t>(PMB, M - m0)) {
+          case 1: packed_block<1>(xb, K, tile, bias, t * PT, N, yb); break;
+          case 2: packed_block<2>(xb, K, tile, bias, t * PT, N, yb); break;
+          case 3: packed_block<3>(xb, K, tile, bias, t * PT, N, yb); break;
+          default: packed_block<4>(xb, K, tile, bias, t * PT, N, yb); break;
+        }
+      }
+  });
+}
 #endif
 
 }  // namespace
@@ -748,6 +925,26 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& weight, const c10::op
   };
   if (x.scalar_type() == at::kFloat) run(x.data_ptr<float>(), y.data_ptr<float>());
   else run(x.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>());
+  return y;
+}
+
+// x (M, K) bf16, packed (ceil(N / 16), ceil(K / 2), 16, 2) bf16 (the layout above `packed_mm`'s
+// kernel), bias (N,) or None -> (M, N) = x @ W.T + bias in bf16, rounded once
+at::Tensor packed_mm(const at::Tensor& x, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
+              "x must be a contiguous (M, K) bf16 matrix");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() && packed.dim() == 4 &&
+              packed.size(0) == (N + PT - 1) / PT && packed.size(1) == (K + 1) / 2 && packed.size(2) == PT &&
+              packed.size(3) == 2, "packed must be (ceil(N / 16), ceil(K / 2), 16, 2) bf16 for x's K and N");
+  at::Tensor bias_f;  // float32 (N,), or undefined
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "bias must be (N,)");
+    bias_f = bias->to(at::kFloat).contiguous();
+  }
+  at::Tensor y = at::empty({M, N}, x.options());
+  packed_matmul(x.data_ptr<at::BFloat16>(), M, K, packed.data_ptr<at::BFloat16>(),
+                bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, N, y.data_ptr<at::BFloat16>());
   return y;
 }
 
