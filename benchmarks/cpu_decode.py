@@ -58,6 +58,7 @@ from minilm_engine import LLM, SamplingParams
 from minilm_engine.course.experiments.batching import measure_copy_bandwidth
 from minilm_engine.course.experiments.quantization import write_random_qwen3
 from minilm_engine.course.known_configs import KNOWN_CONFIGS
+from minilm_engine.model.fused_cpu import PackedEmbedding
 
 MODEL_ID = QWEN3_0_6B
 CHEF = "noodle-chef"
@@ -169,8 +170,11 @@ def transformers_system(folder: Path, dtype: str, num_tokens: int, prompt_tokens
 def bytes_read_per_step(llm: LLM) -> int:
     """What one batch-1 decode step reads: every weight once, except the embedding table (a
     lookup reads one row) unless the head is that table (tied)."""
-    table = llm.model.model.embed_tokens.weight
-    tied = llm.model.lm_head.weight is table if hasattr(llm.model.lm_head, "weight") else False
+    embedding = llm.model.model.embed_tokens
+    if isinstance(embedding, PackedEmbedding):  # the fused bf16 path: the table lives in the head
+        return llm.weight_bytes
+    table = embedding.weight
+    tied = getattr(llm.model.lm_head, "weight", None) is table
     return llm.weight_bytes - (0 if tied else table.numel() * table.element_size())
 
 

@@ -16,7 +16,10 @@ ratio to the prediction in brackets (1.0x: the step is the roofline).  Each prec
 its ridge B*, and with the same model on the datasheet constants of an H100 and a T4
 (`roofline.DATASHEETS`): predicted steps labelled modelled, with their source; nothing there is
 measured here.  Where a quantized precision and bf16 both ran, a last table gives the quantized
-step over the bf16 step at each B (the issue's goal: at most 1.0x up to B = 32).
+step over the bf16 step at each B (the issue's goal: at most 1.0x up to B = 32).  Each precision
+also times one forward over K + 1 = 5 tokens against a decode step at batch 1 (a verification
+in speculative decoding, `speculative.time_verify_forward_repeats`), and the run ends with
+issue 32's goals, met or the worst cell that misses.
 
     python benchmarks/roofline.py --threads 2             # full size: a few minutes
     python benchmarks/roofline.py --quick                 # a tiny config: seconds (the smoke test)
@@ -40,6 +43,7 @@ from minilm_engine.course.experiments.batching import hardware_summary
 from minilm_engine.course.experiments.quantization import write_random_qwen3
 from minilm_engine.course.experiments.real_shape import default_dtype
 from minilm_engine.course.experiments.roofline import DATASHEETS, measure_roofline, step_cost, time_steps
+from minilm_engine.course.experiments.speculative import time_verify_forward_repeats
 from minilm_engine.course.known_configs import KNOWN_CONFIGS
 from minilm_engine.model.fused_cpu import fuse_for_cpu
 from minilm_engine.model.quantization.kernels import cpu_compiled, cpu_dense
@@ -48,6 +52,9 @@ from minilm_engine.model.quantization.linear import QuantizedLinear
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 SCHEMES = ("int8", "int4")
+GOAL_ROOFLINE = 1.25  # issue 32: every decode step within 1.25x of the roofline up to B = 16
+GOAL_VERIFY = 1.25  # ... and scoring K + 1 = 5 tokens at most 1.25x one decode step at batch 1
+VERIFY_TOKENS = 5
 
 
 def load_pair(folder: Path, precision: str) -> dict:
@@ -137,10 +144,21 @@ def main() -> None:
                 crossovers = {f"{n}x{k}": rows for (n, k, dtype, _), rows in cpu_dense.measured_crossovers().items()
                               if dtype == getattr(torch, DTYPES[precision])}
                 results.setdefault("crossover_rows", {})[precision] = crossovers
-                print(f"{precision:>9} micro-kernel up to rows: " + ", ".join(f"{s} {r}" for s, r in crossovers.items()))
+                packed = precision == "bf16" and micro is not None  # packed in pairs: no crossover
+                listed = ", ".join(f"{s} {r}" for s, r in crossovers.items())
+                print(f"{precision:>9} micro-kernel up to rows: "
+                      + (listed or ("every row count (packed in pairs)" if packed else "none")))
+            with torch.inference_mode():  # one forward over K + 1 tokens against a decode step
+                verify = time_verify_forward_repeats(models["kernel"], [1, VERIFY_TOKENS], context_len=128,
+                                                     num_repeats=2 if args.quick else 8)
+            ratios = [v / d for v, d in zip(verify[VERIFY_TOKENS], verify[1])]  # paired, repeat by repeat
+            results.setdefault("verify_over_step", {})[precision] = ratios
+            print(f"{precision:>9} batch 1: scoring {VERIFY_TOKENS} tokens / one decode step "
+                  f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]")
             del models
             gc.collect()
     quantized_over_bf16(results["rows"], batch_sizes)
+    print_goals(results, batch_sizes)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
@@ -155,6 +173,26 @@ def quantized_over_bf16(rows: list[dict], batch_sizes: list[int]) -> None:
     print(f"{'B':>3} " + " ".join(f"{p:>8}" for p in quantized))
     for b in batch_sizes:
         print(f"{b:>3} " + " ".join(f"{median[p, b] / median['bf16', b]:7.2f}x" for p in quantized))
+
+
+def print_goals(results: dict, batch_sizes: list[int]) -> None:
+    """Issue 32's goals on this run: met, or the worst cell that misses."""
+    print("\ngoals (medians of this run)")
+    by = {}
+    for r in results["rows"]:
+        by.setdefault(r["precision"], []).append(r)
+    for precision, rows in by.items():
+        ratios = {r["batch_size"]: statistics.median(r["kernel_s"]) / r["predicted_s"] for r in rows
+                  if r["batch_size"] <= 16}
+        if ratios:
+            worst = max(ratios, key=ratios.get)
+            verdict = "met" if ratios[worst] <= GOAL_ROOFLINE else f"missed, worst B = {worst}"
+            print(f"  {precision}: step / roofline at B <= 16 at most {ratios[worst]:.2f}x "
+                  f"(goal {GOAL_ROOFLINE}x): {verdict}")
+    for precision, ratios in results.get("verify_over_step", {}).items():
+        median = statistics.median(ratios)
+        print(f"  {precision}: batch-1 verification of {VERIFY_TOKENS} tokens / decode step {median:.2f}x "
+              f"(goal {GOAL_VERIFY}x): {'met' if median <= GOAL_VERIFY else 'missed'}")
 
 
 if __name__ == "__main__":

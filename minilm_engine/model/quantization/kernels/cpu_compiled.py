@@ -1,8 +1,8 @@
 """The compiled CPU micro-kernel (cpu_microkernel.cpp): built once per machine, on first use.
 
-Contract: `load()` returns the extension module (`dense_mm` for fp32 / bf16 weights, `int8_mm`,
-`int4_mm`, the fused path's `rms_norm`, `norm_rotary_` and `silu_mul`, `vector_width`,
-`bf16_dot`) or None, and `unavailable_reason()` says why (model/cpu_build.py); nothing here
+Contract: `load()` returns the extension module (`dense_mm` for fp32 / bf16 weights, `packed_mm`
+for bf16 weights packed in pairs, `int8_mm`, `int4_mm`, the fused path's `rms_norm`,
+`norm_rotary_` and `silu_mul`, `vector_width`, `bf16_dot`) or None, and `unavailable_reason()` says why (model/cpu_build.py); nothing here
 raises: without it the callers run torch's operators, with the same results to float rounding.
 """
 
