@@ -211,6 +211,22 @@ def test_awq_search_never_loses_to_round_to_nearest():
     assert alpha > 0 and awq < rtn
 
 
+
+def test_calibration_runs_attention_on_the_models_device():
+    """On a GPU the calibration pass built its attention mask on the CPU, and every AWQ
+    quantization failed with a device mismatch.  The "meta" device stands in for CUDA: mixing it
+    with a CPU tensor raises the same way."""
+    from minilm_engine.model.quantization.calibration import collect_inputs
+
+    class AttendingModel(nn.Module):  # the decoder's contract: attention on the model's device
+        device = torch.device("meta")
+
+        def forward(self, ids, positions, attn):
+            q = torch.empty(len(ids), 2, 4, device=ids.device)  # (N, H, D)
+            return attn.attend(0, q, q, q)
+
+    assert collect_inputs(AttendingModel(), [torch.arange(5)]) == {}  # no projection: no rows
+
 @pytest.mark.parametrize("N,K", [(64, 64), (128, 320), (192, 256)])
 def test_cpu_int4_layout_is_learned_from_the_operator(N, K):
     """Whatever packing torch uses on this CPU, one of the known ones reproduces it (AVX2,

@@ -98,7 +98,8 @@ def collect_inputs(model: nn.Module, windows: list[torch.Tensor]) -> dict[str, t
         for window in windows:
             ids = window.to(model.device)  # (T,)
             positions = torch.arange(len(ids), device=model.device)
-            model(ids, positions, NoKVCache(torch.ones(1, len(ids), dtype=torch.bool)))
+            valid = torch.ones(1, len(ids), dtype=torch.bool, device=model.device)  # (1, T)
+            model(ids, positions, NoKVCache(valid))
             position[0] += len(window)
     finally:
         for handle in handles:
