@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
-from minilm_engine.model.device import choose_dtype, resolve_device, resolve_dtype
+from minilm_engine.model.device import choose_dtype, device_context, resolve_device, resolve_dtype
 
 H200, A100, T4, V100 = (9, 0), (8, 0), (7, 5), (7, 0)
 
@@ -92,3 +94,10 @@ def test_a_t4_gets_the_torch_attention_with_the_reason(monkeypatch, capability, 
         assert "compute capability 7.5" in reason and "T4" in reason
         assert summary.startswith("torch reference, because Triton 3.6.0")
         assert choose_dtype("auto", "cuda", capability) == (torch.float16, None)
+
+
+def test_device_context_makes_the_models_gpu_current():
+    """Built, not entered: no GPU needed to check which device it would make current."""
+    context = device_context(torch.device("cuda", 1))
+    assert isinstance(context, torch.cuda.device) and context.idx == 1
+    assert isinstance(device_context(torch.device("cpu")), contextlib.nullcontext)

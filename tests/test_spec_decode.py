@@ -8,6 +8,8 @@ rejection sampler, is in tests/test_spec_decode_engine.py.)
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -133,6 +135,32 @@ def test_sampling_proposals_carry_the_drafts_distributions(target, checkpoints):
     for token, q in zip(proposal.token_ids, proposal.probs):
         assert q[token] > 0
 
+
+
+def test_the_drafts_forward_runs_with_its_device_current(target, checkpoints, monkeypatch):
+    """Triton kernels launch on the current CUDA device: on a model on cuda:1 the draft's
+    forward ran on cuda:0's (the target's runner set its device; the proposer did not)."""
+    from minilm_engine.worker.spec_decode import proposer as proposer_module
+
+    current = []  # the device a `device_context` made current, while inside it
+
+    @contextlib.contextmanager
+    def recording_context(device):
+        current.append(device)
+        yield
+        current.pop()
+
+    monkeypatch.setattr(proposer_module, "device_context", recording_context, raising=False)
+    draft = load_model(checkpoints["qwen3"].path)
+    proposer = DraftModelProposer(draft, num_blocks=32, block_size=4, enable_prefix_caching=False)
+    seen = []
+    forward = draft.forward
+    monkeypatch.setattr(draft, "forward", lambda *args: (seen.append(list(current)), forward(*args))[1])
+    (request,) = target.make_requests({"prompt_token_ids": [3, 4, 5]}, SamplingParams(temperature=0))
+    request.append_output_token(7)
+    request.num_computed_tokens = 3
+    (proposal,) = proposer.propose([request], [3])
+    assert len(proposal.token_ids) == 3 and seen == [[draft.device]] * 3
 
 def test_num_drafts_wanted_shrinks_near_the_end(target):
     (request,) = target.make_requests({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=5))

@@ -5,11 +5,13 @@ CPU; `resolve_dtype(spec, device)` accepts "auto", a dtype name or alias, or a `
 and raises `ValueError` for anything else; bfloat16 asked for on a GPU without it (a T4) warns
 and uses float16.  The policy is `choose_dtype`, a pure function of the compute capability.
 `native_bf16_matmul()` and `cpuinfo_field` say what the CPU can do; `upload` sends a step's
-small host data to the device without making the host wait.
+small host data to the device without making the host wait; `device_context(device)` makes a
+GPU the current one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -81,6 +83,12 @@ def upload(values, device: torch.device, dtype: torch.dtype | None = None) -> to
     if device.type == "cuda":
         tensor = tensor.pin_memory()
     return tensor.to(device, non_blocking=True)
+
+
+def device_context(device: torch.device):
+    """A context in which `device` is the current CUDA device (Triton launches and graph replays
+    go to the current device, not to their tensors'); on a CPU, nothing."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 SMALL_MODEL_PARAMETERS = 50_000_000

@@ -22,8 +22,6 @@ step returns: the sampled tokens, the logprobs asked for, the verification's out
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 
@@ -34,7 +32,7 @@ from minilm_engine.worker.block_table import BlockTable
 from minilm_engine.worker.input_batch import Chunk, InputBuffer, flatten_chunks
 from minilm_engine.model.attention.kv_cache import PagedKVCache
 from minilm_engine.model import CausalLM
-from minilm_engine.model.device import upload
+from minilm_engine.model.device import device_context, upload
 from minilm_engine.worker.sampler import gather_logprobs, sample_requests
 from minilm_engine.worker.spec_decode.rejection_sampler import rejection_sample_batch
 from minilm_engine.worker.cuda_graphs import DecodeGraphRunner
@@ -79,8 +77,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         # Triton launches and graph replays go to the *current* CUDA device: make it the model's.
-        device = self.model.device
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        with device_context(self.model.device):
             return self._execute(sched)
 
     def _execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:

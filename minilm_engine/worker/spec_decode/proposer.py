@@ -27,6 +27,7 @@ from minilm_engine.core.block_pool import BlockPool
 from minilm_engine.model.attention.context import PagedAttention
 from minilm_engine.model.attention.kv_cache import PagedKVCache
 from minilm_engine.model import CausalLM, load_model, resolve_model_path
+from minilm_engine.model.device import device_context
 from minilm_engine.core.request import Request
 from minilm_engine.worker.sampler import sampling_probs
 from minilm_engine.core.speculative_config import SpeculativeConfig, check_draft_fits_target
@@ -171,9 +172,11 @@ class DraftModelProposer:
                                         buffer=self.input_buffer)
         for chunk in chunks:
             self.num_computed_tokens[chunk.request_id] = chunk.end
-        attn = PagedAttention(self.cache, meta, self.attention_backend)
-        hidden = self.model(ids, pos, attn)  # (N, hidden)
-        return self.model.compute_logits(hidden[meta.query_start_loc[1:] - 1])
+        # Triton launches go to the *current* CUDA device (as in `ModelRunner.execute`): the draft's.
+        with device_context(self.model.device):
+            attn = PagedAttention(self.cache, meta, self.attention_backend)
+            hidden = self.model(ids, pos, attn)  # (N, hidden)
+            return self.model.compute_logits(hidden[meta.query_start_loc[1:] - 1])
 
     # -- after the target's verdict ---------------------------------------------------------
 
