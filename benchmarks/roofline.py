@@ -3,10 +3,11 @@
 Measures the read bandwidth (a large read-only reduction) and the fp32 matmul FLOP/s, then times
 decode steps of a Qwen3-0.6B-shaped model (`course/known_configs.py`, random weights) at each
 batch size and precision, twice: with the micro-kernel (the default: fp32 / bf16 on the fused
-CPU path, `dense_mm` below the measured row crossover; int8 / int4 weight-only on the readable
-decoder, `int8_mm` / `int4_mm`) and without it (torch's matmuls or weight-only operators, the
+CPU path, weights packed for `packed_mm`; int8 / int4 weight-only, `int8_mm` / `int4_mm`, the
+head packed) and without it (torch's matmuls or weight-only operators, the
 path before it).  int8 / int4 run with bf16 activations where this CPU multiplies bf16
-natively, else fp32 (`real_shape.default_dtype`), and keep the head in that dtype.  The two models alternate in every round, so a busy moment on a shared machine hits both.
+natively, else fp32 (`real_shape.default_dtype`), and keep the head in that dtype.  The two
+models alternate in every round, so a busy moment on a shared machine hits both.
 The functions are the course's (`course/experiments/roofline.py`), which chapter 01 draws:
 
     predicted(B) = max(weight bytes / read bandwidth, 2 * matmul params * B / matmul FLOP/s)
@@ -46,7 +47,7 @@ from minilm_engine.course.experiments.roofline import DATASHEETS, measure_roofli
 from minilm_engine.course.experiments.speculative import time_verify_forward_repeats
 from minilm_engine.course.known_configs import KNOWN_CONFIGS
 from minilm_engine.model.fused_cpu import fuse_for_cpu
-from minilm_engine.model.quantization.kernels import cpu_compiled, cpu_dense
+from minilm_engine.model.quantization.kernels import cpu_compiled
 from minilm_engine.model.quantization.kernels.cpu import CPUKernel
 from minilm_engine.model.quantization.linear import QuantizedLinear
 
@@ -140,14 +141,6 @@ def main() -> None:
                     {"precision": precision, "device": sheet.name, "source": sheet.source,
                      "ridge": sheet.roofline.ridge(cost),
                      "step_s": {b: sheet.roofline.step_s(cost, b) for b in batch_sizes}})
-            if precision in DTYPES:  # the rows up to which each shape runs the kernel, as measured here
-                crossovers = {f"{n}x{k}": rows for (n, k, dtype, _), rows in cpu_dense.measured_crossovers().items()
-                              if dtype == getattr(torch, DTYPES[precision])}
-                results.setdefault("crossover_rows", {})[precision] = crossovers
-                packed = precision == "bf16" and micro is not None  # packed in pairs: no crossover
-                listed = ", ".join(f"{s} {r}" for s, r in crossovers.items())
-                print(f"{precision:>9} micro-kernel up to rows: "
-                      + (listed or ("every row count (packed in pairs)" if packed else "none")))
             with torch.inference_mode():  # one forward over K + 1 tokens against a decode step
                 verify = time_verify_forward_repeats(models["kernel"], [1, VERIFY_TOKENS], context_len=128,
                                                      num_repeats=2 if args.quick else 8)

@@ -34,9 +34,6 @@ if not torch.cuda.is_available():
 # Tests compare with `transformers` exactly, in fp32, so engines whose device is not given run on
 # the CPU even on a GPU machine; the GPU tests (Triton kernels, CUDA graphs) name their device.
 os.environ.setdefault("MINILM_DEVICE", "cpu")
-# The CPU micro-kernel's crossover fixed, not measured: which path runs a matmul (and so the last
-# bits of its result) must not depend on how busy the machine is while the tests run.
-os.environ.setdefault("MINILM_DENSE_CROSSOVER_ROWS", "8")
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import (  # noqa: E402

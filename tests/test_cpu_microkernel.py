@@ -1,9 +1,8 @@
 """The compiled CPU micro-kernel (model/quantization/kernels/cpu_microkernel.cpp) against plain fp32
 arithmetic on the (dequantized) weight: every row count across its blocks of rows, shapes that
 are not whole tiles or whole vectors, both of torch's vectorized int4 packings (whatever this
-CPU packs), fp32 and bf16 weights (`dense_mm`) at every row count 1..64 and 1 or 2 threads,
-bf16 weights packed in pairs (`packed_mm`) across its row blocks and chunks, float32 and
-bfloat16 activations and scales.  Skipped where it cannot be built, except under
+CPU packs), bf16 and fp32 weights packed for `packed_mm` at every row count 1..70, across its
+chunks and 1 or 2 threads, float32 and bfloat16 activations and scales.  Skipped where it cannot be built, except under
 MINILM_REQUIRE_MICROKERNEL=1 (CI), where that is a failure."""
 
 from __future__ import annotations
@@ -43,68 +42,44 @@ def test_int8_equals_fp32_arithmetic(micro, N, K, dtype):
         close(micro.int8_mm(x, tiles, scales), x.float() @ weight.t(), dtype)
 
 
-@pytest.mark.parametrize("N,K", [(1, 1), (5, 40), (43, 96), (130, 129)])  # odd N, K past whole vectors
+@pytest.mark.parametrize("N,K", [(1, 1), (16, 2), (17, 63), (48, 64), (130, 129)])  # odd K: a half pair
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_threads", [1, 2])
-def test_dense_equals_fp32_arithmetic_at_every_row_count(micro, N, K, dtype, num_threads):
-    """fp32 / bf16 weights as the model holds them, x and y in the same dtype, with and without
-    a bias; 1..64 rows cover every remainder of the row block (3) and the output block (4)."""
+def test_packed_equals_fp32_arithmetic_at_every_row_count(micro, N, K, dtype, num_threads):
+    """Weights packed for `packed_mm` (bf16 in pairs, fp32 k-major): 1..70 rows cover every
+    remainder of the row block (8 rows, 2 on AVX2 in fp32) with one and two tiles, 1 row its own
+    path, 129 and 260 a chunk of 128 rows and its remainder; with and without a bias."""
     torch.manual_seed(N * K)
     weight, bias = torch.randn(N, K).to(dtype), torch.randn(N).to(dtype)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        for M in range(1, 65):
-            x = torch.randn(M, K).to(dtype)
-            expected = x.float() @ weight.float().t()  # (M, N)
-            close(micro.dense_mm(x, weight, None), expected, dtype)
-            close(micro.dense_mm(x, weight, bias), expected + bias.float(), dtype)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def test_dense_fp32_is_torch_to_rounding(micro):
-    """fp32 against torch's own F.linear at a decode shape: equal up to the order of the sums."""
-    torch.manual_seed(0)
-    weight = torch.randn(1000, 1024)
-    for M in (1, 2, 7, 16, 64):
-        x = torch.randn(M, 1024)
-        torch.testing.assert_close(micro.dense_mm(x, weight, None), F.linear(x, weight), rtol=1e-5, atol=1e-4)
-
-
-@pytest.mark.parametrize("N,K", [(1, 1), (16, 2), (17, 63), (48, 64), (130, 129)])  # odd K: a half pair
-@pytest.mark.parametrize("num_threads", [1, 2])
-def test_packed_equals_fp32_arithmetic_at_every_row_count(micro, N, K, num_threads):
-    """bf16 weights packed in pairs: 1..70 rows cover every remainder of the row block (8) with
-    one and two tiles, 1 row its own path, 129 and 260 a chunk of 128 rows and its remainder;
-    with and without a bias."""
-    torch.manual_seed(N * K)
-    weight, bias = torch.randn(N, K).bfloat16(), torch.randn(N).bfloat16()
-    packed = cpu_dense.pack_pairs(weight)
-    assert packed.shape == (-(-N // 16), -(-K // 2), 16, 2)
+    packed = cpu_dense.pack_for_kernel(weight)
+    pairs = dtype == torch.bfloat16
+    assert packed.shape == ((-(-N // 16), -(-K // 2), 16, 2) if pairs else (-(-N // 16), K, 16))
     ids = torch.arange(N).flip(0)
     assert torch.equal(cpu_dense.packed_rows(packed, ids, K), weight[ids])  # read back: the rows
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
         for M in list(range(1, 71)) + [129, 260]:
-            x = torch.randn(M, K).bfloat16()
+            x = torch.randn(M, K).to(dtype)
             expected = x.float() @ weight.float().t()  # (M, N)
-            close(micro.packed_mm(x, packed, N, None), expected, torch.bfloat16)
-            close(micro.packed_mm(x, packed, N, bias), expected + bias.float(), torch.bfloat16)
+            close(micro.packed_mm(x, packed, N, None), expected, dtype)
+            close(micro.packed_mm(x, packed, N, bias), expected + bias.float(), dtype)
     finally:
         torch.set_num_threads(threads)
 
 
-def test_packed_matmul_is_f_linear_to_rounding(micro):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_matmul_is_f_linear_to_rounding(micro, dtype):
     torch.manual_seed(0)
-    weight, bias = torch.randn(1000, 1024).bfloat16(), torch.randn(1000).bfloat16()
+    weight, bias = torch.randn(1000, 1024).to(dtype), torch.randn(1000).to(dtype)
     matmul = cpu_dense.PackedMatmul(weight, bias, micro)
     for shape in ((1, 1024), (3, 5, 1024)):
-        x = torch.randn(*shape).bfloat16()
+        x = torch.randn(*shape).to(dtype)
         expected = F.linear(x.float(), weight.float(), bias.float())
-        close(matmul(x), expected, torch.bfloat16)
+        close(matmul(x), expected, dtype)
         assert matmul(x).shape == (*shape[:-1], 1000)
+    with pytest.raises(ValueError, match="bf16 or fp32 weights"):
+        cpu_dense.PackedMatmul(weight.half(), None, micro)
 
 
 @pytest.mark.parametrize("block_n", [32, 64])  # AVX2's and AVX-512's packings, on any CPU
@@ -165,16 +140,16 @@ def test_bad_shapes_are_refused_with_a_message(micro):
         micro.int8_mm(x, torch.zeros(1, 32, 16, dtype=torch.int8), torch.ones(16))
     with pytest.raises(RuntimeError, match="contiguous"):
         micro.int8_mm(x.t(), torch.zeros(1, 2, 16, dtype=torch.int8), torch.ones(16))
-    with pytest.raises(RuntimeError, match=r"weight must be a contiguous \(N, K\) matrix with x's K"):
-        micro.dense_mm(x, torch.randn(8, 32), None)
-    with pytest.raises(RuntimeError, match="weight must be float32 or bfloat16"):
-        micro.dense_mm(x, torch.randn(8, 64).half(), None)
+    with pytest.raises(RuntimeError, match="packed must be bfloat16 or float32"):
+        micro.packed_mm(x.half(), torch.zeros(1, 64, 16).half(), 16, None)
     with pytest.raises(RuntimeError, match="bias must be"):
-        micro.dense_mm(x, torch.randn(8, 64), torch.randn(7))
+        micro.packed_mm(x, torch.zeros(1, 64, 16), 16, torch.randn(7))
     with pytest.raises(RuntimeError, match=r"packed must be \(ceil\(N / 16\), ceil\(K / 2\), 16, 2\) bf16"):
         micro.packed_mm(x.bfloat16(), torch.zeros(1, 16, 16, 2, dtype=torch.bfloat16), 16, None)
-    with pytest.raises(RuntimeError, match="x must be a contiguous \\(M, K\\) bf16 matrix"):
+    with pytest.raises(RuntimeError, match="x must be a contiguous \\(M, K\\) matrix in packed's dtype"):
         micro.packed_mm(x, torch.zeros(1, 32, 16, 2, dtype=torch.bfloat16), 16, None)
+    with pytest.raises(RuntimeError, match=r"packed must be \(ceil\(N / 16\), K, 16\) float32"):
+        micro.packed_mm(x, torch.zeros(1, 32, 16), 16, None)
     with pytest.raises(RuntimeError, match="block_n must be a multiple of 32"):
         micro.int4_mm(x, torch.zeros(16, 32, dtype=torch.uint8), 16, torch.ones(2, 16, 2), 32, 16)
 

@@ -132,15 +132,15 @@ def test_headwise_norm_is_each_heads_own_norm_bit_for_bit(dtype):
         HeadwiseRMSNorm([q_norm, RMSNorm(8, 1e-5)])
 
 
-def kernel_rows(llm: LLM) -> list[cpu_dense.DenseMatmul | None]:
+def kernel_rows(llm: LLM) -> list[cpu_dense.PackedMatmul | None]:
     """Every micro-kernel matmul of a fused model (the projections and the head)."""
     return [m.matmul for m in llm.model.modules() if isinstance(m, (FusedLinear, MatVecHead))]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_equal_with_the_kernel_on_every_matmul(cpu_microkernel, checkpoint, prompts, dtype):
-    """The kernel on every projection and the head (`microkernel=True`), fp32's crossover forced
-    to 64 rows (bf16 runs it at every row count): every decode step and every prompt runs it."""
+    """The kernel on every projection and the head (`microkernel=True`), at every row count:
+    every decode step and every prompt runs it."""
     args = dict(record_trace=False, kv_cache_memory=8 << 20, dtype=dtype)
     reference = LLM(checkpoint.path, model_backend="reference", **args)
     fused = LLM(checkpoint.path, model_backend="reference", **args)
@@ -149,38 +149,11 @@ def test_greedy_equal_with_the_kernel_on_every_matmul(cpu_microkernel, checkpoin
     assert matmuls and all(m is not None for m in matmuls)
     calls = []
     for m in matmuls:
-        m.max_rows = 64
         m.micro = CountingKernel(cpu_microkernel, calls)
     want = reference.generate(prompts, GREEDY, use_tqdm=False)
     got = fused.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert len(calls) >= len(matmuls) * (GREEDY.max_tokens - 1)  # the kernel ran at every step
-
-
-def test_above_the_crossover_torch_runs(cpu_microkernel):
-    calls = []
-    weight, bias = torch.randn(40, 24), torch.randn(40)
-    matmul = cpu_dense.DenseMatmul(weight, bias, CountingKernel(cpu_microkernel, calls))
-    matmul.max_rows = 4
-    x = torch.randn(2, 3, 24)  # 6 rows > 4: F.linear
-    torch.testing.assert_close(matmul(x), torch.nn.functional.linear(x, weight, bias))
-    assert calls == []
-    y = matmul(x[:1, :2])  # 2 rows: the kernel
-    assert calls == [2] and y.shape == (1, 2, 40)
-    torch.testing.assert_close(y, torch.nn.functional.linear(x[:1, :2], weight, bias), rtol=1e-5, atol=1e-5)
-
-
-def test_the_crossover_is_measured_once_per_shape(cpu_microkernel, monkeypatch):
-    monkeypatch.delenv(cpu_dense.CROSSOVER_ENV, raising=False)  # measured, as outside the tests
-    monkeypatch.setattr(cpu_dense, "_crossovers", {})
-    weight = torch.randn(48, 32)
-    rows = cpu_dense.crossover_rows(cpu_microkernel, weight)
-    assert rows in (0,) + cpu_dense.CROSSOVER_ROWS  # which one is this machine's business
-    monkeypatch.setattr(cpu_dense, "measure_crossover", lambda *a: pytest.fail("measured twice"))
-    assert cpu_dense.crossover_rows(cpu_microkernel, weight) == rows
-    matmul = cpu_dense.DenseMatmul(weight, None, cpu_microkernel)
-    matmul.runs_kernel(1)
-    assert matmul.max_rows == rows
 
 
 def test_without_the_kernel_the_fused_path_runs_torch_and_says_why(checkpoint, prompts, monkeypatch):
@@ -198,28 +171,14 @@ def test_without_the_kernel_the_fused_path_runs_torch_and_says_why(checkpoint, p
 
 
 class CountingKernel:
-    """The compiled module, with the row count of every `dense_mm` and `packed_mm` call recorded."""
+    """The compiled module, with the row count of every `packed_mm` call recorded."""
 
     def __init__(self, micro, calls: list[int]):
         self.micro, self.calls = micro, calls
 
-    def dense_mm(self, x, weight, bias):
-        self.calls.append(x.shape[0])
-        return self.micro.dense_mm(x, weight, bias)
-
     def packed_mm(self, x, packed, N, bias):
         self.calls.append(x.shape[0])
         return self.micro.packed_mm(x, packed, N, bias)
-
-
-def test_a_fixed_crossover_from_the_environment(cpu_microkernel, monkeypatch):
-    weight = torch.randn(24, 16)
-    monkeypatch.setattr(cpu_dense, "measure_crossover", lambda *a: pytest.fail("measured"))
-    monkeypatch.setenv(cpu_dense.CROSSOVER_ENV, "4")
-    assert cpu_dense.crossover_rows(cpu_microkernel, weight) == 4
-    monkeypatch.setenv(cpu_dense.CROSSOVER_ENV, "many")
-    with pytest.raises(ValueError, match="MINILM_DENSE_CROSSOVER_ROWS"):
-        cpu_dense.crossover_rows(cpu_microkernel, weight)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
@@ -237,8 +196,10 @@ def test_quantized_models_run_the_fused_path_with_the_readable_tokens(checkpoint
     assert isinstance(layer.mlp.gate_up_proj, QuantizedGroup) and isinstance(layer.mlp.down_proj, QuantizedLinear)
     assert layer.self_attn.q_proj.kernel.name == "cpu" and layer.self_attn.q_proj.kernel.runs_microkernel(layer.self_attn.q_proj)
     assert isinstance(fused.model.lm_head, MatVecHead)
-    # What was loaded is still there under its names, counted once.
-    assert set(fused.model.state_dict()) == set(reference.model.state_dict())
+    # What was loaded is still there under its names, counted once; only the head's table (and a
+    # tied embedding's, the same one) moved into the head's packed copy.
+    moved = {"lm_head.weight", "model.embed_tokens.weight"}
+    assert set(fused.model.state_dict()) - moved == set(reference.model.state_dict()) - moved
     assert fused.weight_bytes == reference.weight_bytes
     for prompt in prompts[:2]:
         (want,) = reference.generate([prompt], GREEDY, use_tqdm=False)

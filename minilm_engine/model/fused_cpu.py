@@ -14,10 +14,9 @@ a default that cannot run falls back quietly).
     q_norm(q), k_norm(k), rotary(q), rotary(k)  norm_rotary_(q and k): one kernel call, in place
     down(silu(gate(x)) * up(x))                 down(silu_mul(gate_up(x))): one matmul, one call
     RMSNorm: ~8 torch ops                       rms_norm: one kernel call
-    every matmul: F.linear                      bf16: the micro-kernel's packed_mm on weights
-                                                repacked in pairs; fp32: its dense_mm up to a
-                                                measured row count, torch above (kernels/cpu_dense.py)
-    embed_tokens: nn.Embedding                  a tied bf16 table: rows read from the head's
+    every matmul: F.linear                      the micro-kernel's packed_mm on weights repacked
+                                                once in tiles of 16 rows (kernels/cpu_dense.py)
+    embed_tokens: nn.Embedding                  a tied table: rows read back from the head's
                                                 packed copy (one table)
 
 Why: a decode step should cost one read of the weights, and at a few rows each small op costs
@@ -38,7 +37,7 @@ from torch import nn
 from minilm_engine.model.device import native_bf16_matmul
 from minilm_engine.model.decoder import MLP, Attention, CausalLM
 from minilm_engine.model.quantization.kernels import cpu_compiled
-from minilm_engine.model.quantization.kernels.cpu_dense import DenseMatmul, PackedMatmul
+from minilm_engine.model.quantization.kernels.cpu_dense import PackedMatmul
 from minilm_engine.model.quantization.linear import QuantizedLinear
 from minilm_engine.model.rope import apply_rotary
 
@@ -50,10 +49,10 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 class FusedLinear(nn.Module):
     """y = x W^T + b for `nn.Linear`s of the same input, their outputs side by side, as one
-    matmul (inference only), over one copy of the weight.  With the micro-kernel (`micro`): bf16
-    weights packed in pairs (`PackedMatmul`), fp32 ones plain (`DenseMatmul`).  Without it: bf16
-    packed for oneDNN (opaque; `onednn_packed`), fp32 plain for `F.linear` (packing was ~7%
-    slower there).  `num_weight_bytes` (bias included) is for `LLM.weight_bytes`."""
+    matmul (inference only), over one copy of the weight.  With the micro-kernel (`micro`): the
+    weight packed for it (`PackedMatmul`).  Without it: bf16 packed for oneDNN (opaque;
+    `onednn_packed`), fp32 plain for `F.linear` (packing was ~7% slower there).
+    `num_weight_bytes` (bias included) is for `LLM.weight_bytes`."""
 
     def __init__(self, linears: list[nn.Linear], micro=None):
         super().__init__()
@@ -61,15 +60,12 @@ class FusedLinear(nn.Module):
         biases = [lin.bias for lin in linears]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self.num_weight_bytes = sum(t.numel() * t.element_size() for t in (weight, self.bias) if t is not None)
-        bf16 = weight.dtype == torch.bfloat16
-        self.onednn_packed = micro is None and bf16
-        self.matmul = None
-        if micro is not None:
-            self.matmul = (PackedMatmul if bf16 else DenseMatmul)(weight, self.bias, micro)
-        # Packed for one row (decode); measured as fast as any other hint at 4, 16 and 512 rows.
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if self.onednn_packed else weight
-        if isinstance(self.matmul, PackedMatmul):
-            self.weight = None  # the pairs are the one copy
+        self.onednn_packed = micro is None and weight.dtype == torch.bfloat16
+        self.matmul = None if micro is None else PackedMatmul(weight, self.bias, micro)
+        if self.matmul is not None:
+            self.weight = None  # the packed tiles are the one copy
+        else:  # packed for one row (decode); measured as fast as any other hint at 4, 16 and 512 rows
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if self.onednn_packed else weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.matmul is not None:
@@ -191,23 +187,20 @@ class FusedMLP(nn.Module):
 
 
 class MatVecHead(nn.Module):
-    """The LM head over one copy of its weight.  With the micro-kernel: a bf16 head packed in
-    pairs (`PackedMatmul`; a tied embedding then reads its rows from that copy, `PackedEmbedding`,
-    and `num_weight_bytes` counts the table once) or an fp32 one plain below its crossover
-    (`DenseMatmul`).  Else the same Parameter (a tied table stays one), `torch.mv` at one row,
-    where it reads the table faster than `F.linear`, and `F.linear` otherwise."""
+    """The LM head over one copy of its weight.  With the micro-kernel: packed for it
+    (`PackedMatmul`; a tied embedding then reads its rows from that copy, `PackedEmbedding`, and
+    `num_weight_bytes` counts the table once).  Else the same Parameter (a tied table stays one),
+    `torch.mv` at one row, where it reads the table faster than `F.linear`, and `F.linear`
+    otherwise."""
 
     def __init__(self, head: nn.Linear, micro=None):
         super().__init__()
-        weight = head.weight.detach()  # (V, hidden)
         self.matmul, self.num_weight_bytes = None, 0
-        if micro is not None and weight.dtype == torch.bfloat16:
-            self.matmul = PackedMatmul(weight, None, micro)
+        self.weight = head.weight  # (V, hidden), the same Parameter
+        if micro is not None:
+            self.matmul = PackedMatmul(head.weight.detach(), None, micro)
             self.num_weight_bytes = self.matmul.num_weight_bytes  # no Parameter holds it now
             self.weight = None
-        else:
-            self.weight = head.weight  # the same Parameter
-            self.matmul = None if micro is None else DenseMatmul(weight, None, micro)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.matmul is not None:
@@ -250,7 +243,7 @@ def fused_unavailable(model: CausalLM) -> str | None:
 @torch.no_grad()
 def fuse_for_cpu(model: CausalLM, microkernel: bool | None = None) -> CausalLM:
     """Swap, in place, every layer's attention, MLP and norms for the fused modules and the head
-    for `MatVecHead` (the old projection weights are dropped; a tied bf16 table moves into the
+    for `MatVecHead` (the old projection weights are dropped; a tied table moves into the
     head).  `microkernel`: None (the default) or True, the kernel wherever it builds (None warns
     where it does not); False: nowhere (the benchmarks' "before": torch's matmuls)."""
     micro = None if microkernel is False else cpu_compiled.load()

@@ -1,8 +1,8 @@
 """The compiled CPU micro-kernel (cpu_microkernel.cpp): built once per machine, on first use.
 
-Contract: `load()` returns the extension module (`dense_mm` for fp32 / bf16 weights, `packed_mm`
-for bf16 weights packed in pairs, `int8_mm`, `int4_mm`, the fused path's `rms_norm`,
-`norm_rotary_` and `silu_mul`, `vector_width`, `bf16_dot`) or None, and `unavailable_reason()` says why (model/cpu_build.py); nothing here
+Contract: `load()` returns the extension module (`packed_mm` for fp32 / bf16 weights packed in
+tiles, `int8_mm`, `int4_mm`, the fused path's `rms_norm`, `norm_rotary_` and `silu_mul`,
+`vector_width`, `bf16_dot`) or None, and `unavailable_reason()` says why (model/cpu_build.py); nothing here
 raises: without it the callers run torch's operators, with the same results to float rounding.
 """
 
@@ -16,8 +16,7 @@ from minilm_engine.model.cpu_build import ENV_SWITCH
 __all__ = ["ENV_SWITCH", "FUNCTIONS", "SOURCE", "EXTENSION", "build_name", "load", "unavailable_reason"]
 
 SOURCE = Path(__file__).with_name("cpu_microkernel.cpp")
-FUNCTIONS = ("dense_mm", "packed_mm", "int8_mm", "int4_mm", "rms_norm", "norm_rotary_", "silu_mul", "vector_width",
-             "bf16_dot")  # what the module exports
+FUNCTIONS = ("packed_mm", "int8_mm", "int4_mm", "rms_norm", "norm_rotary_", "silu_mul", "vector_width", "bf16_dot")  # what the module exports
 
 
 def _cpu_flags() -> str:

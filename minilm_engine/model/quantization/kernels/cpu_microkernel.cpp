@@ -20,17 +20,17 @@
 //         table, offset = zero - 8 * scale; per group g of inputs:
 //         y[m, n] += scale[g, n] * sum_{k in g} x[m, k] q[n, k] + offset[g, n] * sum_{k in g} x[m, k]
 //         so the scales touch each output once per group, not each weight.
-//   fp32 / bf16 (`dense_mm`): W kept as the plain (N, K) matrix nn.Linear holds, the layout
-//         torch's own matmul reads too (so prefill-sized steps run torch on the same one copy,
-//         and a tied LM head stays the embedding table).  A block of DN output rows times DM
-//         rows of x: per step of V inputs, DM x vectors and DN weight vectors (bf16 widened to
-//         fp32 in registers, once for the whole block), DN x DM dot-product accumulators.  The
-//         block's DN weight rows stay in L1/L2 while every block of rows of x passes over them,
-//         so each weight comes from memory once per call.
+//   fp32 / bf16 (`packed_mm`): W repacked once at load into tiles of 16 output rows, the one
+//         copy: fp32 k-major (N / 16, K, 16), bf16 in pairs of inputs (N / 16, K / 2, 16, 2)
+//         (oneDNN's own bf16 layout).  A tile is one contiguous run the prefetcher follows, and
+//         one input (bf16: one pair, on `vdpbf16ps`) broadcast against it adds to 16 outputs:
 //
-//             x rows m0..m0+DM-1 ──┐   k ─────────────►
-//                                   ├─ acc[m][n] += x[m, k:k+V] * W[n, k:k+V]   (V lanes)
-//             W rows n0..n0+DN-1 ──┘   lanes summed once at the end of k
+//             x rows m0..m0+MB-1, input k ──┐
+//                                            ├─ acc[m][0:16] += x[m, k] * W[16t:16t+16, k]
+//             tile t, input k: 16 weights ──┘   (no sums across lanes at the end)
+//
+//         The plain (N, K) matrix read a block of rows as several short streams 2 KB apart that
+//         collided in the caches' sets: one-row steps read it at about half the speed.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -348,11 +348,9 @@ constexpr bool BF16_DOT = true;
 constexpr bool BF16_DOT = false;
 #endif
 
-// ---------------------------------------------------------------- fp32 / bf16
+// ---------------------------------------------------------------- vector helpers
 // Plain GCC/Clang vector types: the compiler maps them to AVX2, AVX-512 or NEON registers.
 typedef uint32_t vu32 __attribute__((vector_size(V * sizeof(uint32_t))));
-constexpr int DN = 4;  // output rows per block
-constexpr int DM = 3;  // rows of x per block: DN * DM accumulators + DM + 1 vectors fit 16 registers
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "bf16 pairs are read as little-endian words");
 
 template <typename V_, typename P>
@@ -360,103 +358,6 @@ inline V_ load_vector(const P* p) {
   V_ v;
   std::memcpy(&v, p, sizeof(v));
   return v;
-}
-
-// bf16 weights: 2V of them are read as V 32-bit words, each holding inputs 2i (low half) and
-// 2i + 1 (high half).  A bf16 is the top half of an fp32, so `word << 16` is input 2i and
-// `word & 0xFFFF0000` is input 2i + 1, exactly: two fp32 vectors from one load, no widening
-// shuffle.  x is stored to match (`split_pairs`): per chunk of 2V inputs, the even ones, then
-// the odd ones.
-std::vector<float> split_pairs(const std::vector<float>& xf, int64_t M, int64_t K) {
-  std::vector<float> out(xf);
-  const int64_t k_vec = K - K % (2 * V);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t c = 0; c < k_vec; c += 2 * V)
-      for (int i = 0; i < V; ++i) {
-        out[m * K + c + i] = xf[m * K + c + 2 * i];
-        out[m * K + c + V + i] = xf[m * K + c + 2 * i + 1];
-      }
-  return out;
-}
-
-// y[m, n] for m < mb, n < nb: one block of rows of x against one block of weight rows.
-// bias: nb floats, added before the one rounding to T (as torch's fused bias does), or null.
-// The block reads nb rows of K weights side by side: nb short streams (2 KB for a bf16 row of
-// 1024) that the hardware prefetcher would learn anew for every block, so each step also asks
-// for the same place in the next block's rows (a prefetch never faults, even past the end).
-template <int nb, int mb, typename W, typename T>
-void dense_block(const float* xf, int64_t K, const W* w, const float* bias, int64_t N, T* y) {
-  constexpr bool bf16 = std::is_same<W, at::BFloat16>::value;
-  constexpr int step = bf16 ? 2 * V : V;  // inputs per weight load
-  vfloat acc[mb][nb] = {};
-  const int64_t k_vec = K - K % step;
-  for (int64_t k = 0; k < k_vec; k += step) {
-    if constexpr (bf16) {
-      vfloat x_even[mb], x_odd[mb];
-      for (int m = 0; m < mb; ++m) {
-        x_even[m] = load_vector<vfloat>(xf + m * K + k);
-        x_odd[m] = load_vector<vfloat>(xf + m * K + k + V);
-      }
-      for (int n = 0; n < nb; ++n) {  // each weight read once, used for every row of the block
-        __builtin_prefetch(w + (n + nb) * K + k);  // the next block's rows (see above)
-        const vu32 words = load_vector<vu32>(w + n * K + k);
-        const vfloat w_even = (vfloat)(words << 16), w_odd = (vfloat)(words & 0xFFFF0000u);
-        for (int m = 0; m < mb; ++m) {  // two statements: two fused multiply-adds, no temporary
-          acc[m][n] += x_even[m] * w_even;
-          acc[m][n] += x_odd[m] * w_odd;
-        }
-      }
-    } else {
-      vfloat xv[mb];
-      for (int m = 0; m < mb; ++m) xv[m] = load_vector<vfloat>(xf + m * K + k);
-      for (int n = 0; n < nb; ++n) {
-        __builtin_prefetch(w + (n + nb) * K + k);
-        const vfloat wv = load_vector<vfloat>(w + n * K + k);
-        for (int m = 0; m < mb; ++m) acc[m][n] += xv[m] * wv;
-      }
-    }
-  }
-  float lanes[mb][nb][V];  // copied out whole (see int4_block: lane reads would spill acc)
-  std::memcpy(lanes, acc, sizeof(lanes));
-  for (int m = 0; m < mb; ++m)
-    for (int n = 0; n < nb; ++n) {
-      float sum = 0.0f;
-      for (int i = 0; i < V; ++i) sum += lanes[m][n][i];
-      for (int64_t k = k_vec; k < K; ++k) sum += xf[m * K + k] * as_float(w[n * K + k]);
-      store(y + m * N + n, bias ? sum + bias[n] : sum);
-    }
-}
-
-template <int nb, typename W, typename T>
-void dense_rows(const float* xf, int64_t M, int64_t K, const W* w, const float* bias, int64_t N, T* y) {
-  for (int64_t m0 = 0; m0 < M; m0 += DM) {
-    const float* xb = xf + m0 * K;
-    T* yb = y + m0 * N;
-    switch (std::min<int64_t>(DM, M - m0)) {
-      case 1: dense_block<nb, 1>(xb, K, w, bias, N, yb); break;
-      case 2: dense_block<nb, 2>(xb, K, w, bias, N, yb); break;
-      default: dense_block<nb, 3>(xb, K, w, bias, N, yb); break;
-    }
-  }
-}
-
-template <typename W, typename T>
-void dense_matmul(const float* xf, int64_t M, int64_t K, const W* w, const float* bias, int64_t N, T* y) {
-  const int64_t blocks = (N + DN - 1) / DN;
-  // Threads over output blocks: each reads its own slice of W, contiguous in memory.
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * DN;
-      const W* wb = w + n0 * K;
-      const float* bb = bias ? bias + n0 : nullptr;
-      switch (std::min<int64_t>(DN, N - n0)) {
-        case 1: dense_rows<1>(xf, M, K, wb, bb, N, y + n0); break;
-        case 2: dense_rows<2>(xf, M, K, wb, bb, N, y + n0); break;
-        case 3: dense_rows<3>(xf, M, K, wb, bb, N, y + n0); break;
-        default: dense_rows<4>(xf, M, K, wb, bb, N, y + n0); break;
-      }
-    }
-  });
 }
 
 // ---------------------------------------------------------------- RMSNorm and rotary
@@ -514,66 +415,6 @@ std::pair<int64_t, int64_t> token_rows(const at::Tensor& x) {
   return {x.numel() / (x.size(-1) * x.size(-2)), x.stride(-3)};
 }
 
-#if defined(__AVX512BF16__)
-// bf16 x and bf16 weights on bf16 dot products: a weight row's memory is already the
-// (w[2i], w[2i + 1]) pairs `vdpbf16ps` takes, and so is x's, so a step of 32 inputs is one
-// load of each and one instruction per (row of x, weight row); the products are exact in fp32.
-constexpr int DMB = 6;  // rows of x per block: DMB * DN accumulators + DMB + 1 of 32 registers
-
-template <int nb, int mb>
-void dense_block_dot(const at::BFloat16* x, int64_t K, const at::BFloat16* w, const float* bias, int64_t N,
-                     at::BFloat16* y) {
-  __m512 acc[mb][nb];
-  for (int m = 0; m < mb; ++m)
-    for (int n = 0; n < nb; ++n) acc[m][n] = _mm512_setzero_ps();
-  const int64_t k_vec = K - K % 32;
-  for (int64_t k = 0; k < k_vec; k += 32) {
-    __m512bh xv[mb];
-    for (int m = 0; m < mb; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(x + m * K + k);
-    for (int n = 0; n < nb; ++n) {
-      __builtin_prefetch(w + (n + nb) * K + k);  // the next block's rows (see dense_block)
-      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + n * K + k);
-      for (int m = 0; m < mb; ++m) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv[m], wv);
-    }
-  }
-  for (int m = 0; m < mb; ++m)
-    for (int n = 0; n < nb; ++n) {
-      float sum = _mm512_reduce_add_ps(acc[m][n]);
-      for (int64_t k = k_vec; k < K; ++k) sum += as_float(x[m * K + k]) * as_float(w[n * K + k]);
-      y[m * N + n] = at::BFloat16(bias ? sum + bias[n] : sum);
-    }
-}
-
-void dense_matmul_dot(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* w, const float* bias,
-                      int64_t N, at::BFloat16* y) {
-  const int64_t blocks = (N + DN - 1) / DN;
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * DN, nb = std::min<int64_t>(DN, N - n0);
-      const float* bb = bias ? bias + n0 : nullptr;
-      for (int64_t m0 = 0; m0 < M; m0 += DMB) {
-        const int64_t mb = std::min<int64_t>(DMB, M - m0);
-        const at::BFloat16* xb = x + m0 * K;
-        at::BFloat16* yb = y + m0 * N + n0;
-#define MINILM_DOT(NB, MB) dense_block_dot<NB, MB>(xb, K, w + n0 * K, bb, N, yb)
-#define MINILM_DOT_ROWS(NB) \
-  switch (mb) { case 1: MINILM_DOT(NB, 1); break; case 2: MINILM_DOT(NB, 2); break; \
-                case 3: MINILM_DOT(NB, 3); break; case 4: MINILM_DOT(NB, 4); break; \
-                case 5: MINILM_DOT(NB, 5); break; default: MINILM_DOT(NB, 6); break; }
-        switch (nb) {
-          case 1: MINILM_DOT_ROWS(1) break;
-          case 2: MINILM_DOT_ROWS(2) break;
-          case 3: MINILM_DOT_ROWS(3) break;
-          default: MINILM_DOT_ROWS(4) break;
-        }
-#undef MINILM_DOT_ROWS
-#undef MINILM_DOT
-      }
-    }
-  });
-}
-
-#endif
 
 
 // -- bf16 weights packed in pairs (`packed_mm`) ------------------------------------------------
@@ -585,7 +426,8 @@ void dense_matmul_dot(const at::BFloat16* x, int64_t M, int64_t K, const at::BFl
 // the same way.)  The plain (N, K) layout reads a block of rows as several short streams whose
 // addresses collide in the caches' sets; one-row steps read it at ~25 GB/s where the tiles
 // read at ~50 (2-core EPYC, 2026-12-04, benchmarks/roofline.py).
-constexpr int PT = 16;  // output rows per tile
+constexpr int PT = 16;    // output rows per tile
+constexpr int PMC = 128;  // rows of x per chunk (see packed_matmul)
 
 // x's pair p of a row as one 32-bit word (x[2p] in the low half): a whole pair, or an odd K's
 // last input with zero above it, as the packed weight's padding has
@@ -601,13 +443,12 @@ inline uint32_t x_last_half_pair(const at::BFloat16* row, int64_t K) {
   return half;
 }
 
-// y[m, n0 + n] = acc[m][n] (+ bias), rounded once to x's bf16, for the n < N of the tile(s)
-template <int mb>
-inline void store_tile(const float (&acc)[mb][2 * PT], int width, const float* bias, int64_t n0, int64_t N,
-                       at::BFloat16* y) {
+// y[m, n0 + n] = acc[m][n] (+ bias), rounded once to y's type, for the n < N of the tile(s)
+template <int mb, typename T>
+inline void store_tile(const float (&acc)[mb][2 * PT], int width, const float* bias, int64_t n0, int64_t N, T* y) {
   const int nb = (int)std::min<int64_t>(width, N - n0);
   for (int m = 0; m < mb; ++m)
-    for (int n = 0; n < nb; ++n) y[m * N + n0 + n] = at::BFloat16(bias ? acc[m][n] + bias[n0 + n] : acc[m][n]);
+    for (int n = 0; n < nb; ++n) store(y + m * N + n0 + n, bias ? acc[m][n] + bias[n0 + n] : acc[m][n]);
 }
 
 #if defined(__AVX512BF16__)
@@ -659,7 +500,6 @@ void packed_row_dot(const at::BFloat16* x, int64_t K, const at::BFloat16* tile, 
 }
 
 constexpr int PMB = 8;    // rows of x per block: 2 * PMB accumulators + 2 weights + 1 pair
-constexpr int PMC = 128;  // rows of x per chunk (see packed_matmul)
 
 void packed_matmul(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* packed, const float* bias,
                    int64_t N, at::BFloat16* y) {
@@ -699,7 +539,8 @@ void packed_matmul(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat
 }
 #else
 // Without bf16 dot products: a pair word of the weight is two exact fp32 values (`word << 16`,
-// `word & 0xFFFF0000`, as in dense_block), each multiplied by x's input broadcast in fp32.
+// `word & 0xFFFF0000`: a bf16 is the top half of an fp32), each multiplied by x's input broadcast
+// in fp32.
 constexpr int PV = PT / V;  // vectors per tile: 1 (AVX-512), 2 (AVX2, NEON)
 constexpr int PMB = 4;      // rows of x per block: PMB * PV accumulators + 2 * PV + 2 vectors fit 16 registers
 
@@ -750,6 +591,88 @@ void packed_matmul(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat
   });
 }
 #endif
+
+// -- fp32 weights packed k-major (`packed_mm` on float32) ---------------------------------------
+// packed (ceil(N / 16), K, 16): in tile t, input k holds w[16t + j, k] for the tile's 16 rows j
+// side by side (64 bytes), zeros past row N: the fp32 form of the pairs above.  One contiguous
+// run per tile, and x[m, k] broadcast against it is one multiply-add into 16 outputs.
+constexpr int FTV = PT / V;            // vectors per tile row: 1 (AVX-512), 2 (AVX2, NEON)
+constexpr int FMB = V == 16 ? 8 : 2;   // rows of x per block against two tiles: FMB * 2 * FTV
+                                       // accumulators + 2 * FTV weights fit the registers
+
+template <int nv, int mb>
+void kmajor_block(const float* x, int64_t K, const float* tile, int64_t tile_size, const float* bias, int64_t n0,
+                  int64_t N, float* y) {
+  vfloat acc[mb][nv * FTV] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    vfloat w[nv * FTV];
+    for (int v = 0; v < nv; ++v)
+      for (int h = 0; h < FTV; ++h) w[v * FTV + h] = load_vector<vfloat>(tile + v * tile_size + k * PT + h * V);
+    for (int m = 0; m < mb; ++m) {
+      const float xv = x[m * K + k];
+      for (int i = 0; i < nv * FTV; ++i) acc[m][i] += xv * w[i];
+    }
+  }
+  float out[mb][2 * PT];
+  for (int m = 0; m < mb; ++m)
+    for (int i = 0; i < nv * FTV; ++i) std::memcpy(out[m] + i * V, &acc[m][i], sizeof(vfloat));
+  store_tile<mb>(out, nv * PT, bias, n0, N, y);
+}
+
+// one row of x against one tile, the inputs dealt over U accumulators (see packed_row_dot)
+void kmajor_row(const float* x, int64_t K, const float* tile, const float* bias, int64_t n0, int64_t N, float* y) {
+  constexpr int U = 4;
+  vfloat acc[U][FTV] = {};
+  const int64_t unrolled = K - K % U;
+  for (int64_t k = 0; k < unrolled; k += U)
+    for (int u = 0; u < U; ++u)
+      for (int h = 0; h < FTV; ++h) acc[u][h] += x[k + u] * load_vector<vfloat>(tile + (k + u) * PT + h * V);
+  for (int64_t k = unrolled; k < K; ++k)
+    for (int h = 0; h < FTV; ++h) acc[0][h] += x[k] * load_vector<vfloat>(tile + k * PT + h * V);
+  float out[1][2 * PT];
+  for (int h = 0; h < FTV; ++h) {
+    for (int u = 1; u < U; ++u) acc[0][h] += acc[u][h];
+    std::memcpy(out[0] + h * V, &acc[0][h], sizeof(vfloat));
+  }
+  store_tile<1>(out, PT, bias, n0, N, y);
+}
+
+void kmajor_matmul(const float* x, int64_t M, int64_t K, const float* packed, const float* bias, int64_t N,
+                   float* y) {
+  const int64_t tiles = (N + PT - 1) / PT, tile_size = K * PT;
+  if (M == 1) {
+    at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) kmajor_row(x, K, packed + t * tile_size, bias, t * PT, N, y);
+    });
+    return;
+  }
+  for (int64_t c0 = 0; c0 < M; c0 += PMC) {  // chunks of x that stay in L2, as in packed_matmul
+    const int64_t c1 = std::min<int64_t>(M, c0 + PMC);
+    at::parallel_for(0, (tiles + 1) / 2, 4, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t t = 2 * b;
+        const float* tile = packed + t * tile_size;
+        for (int64_t m0 = c0; m0 < c1; m0 += FMB) {
+          const int64_t mb = std::min<int64_t>(FMB, c1 - m0);
+          const float* xb = x + m0 * K;
+          float* yb = y + m0 * N;
+#define MINILM_KMAJOR(NV, MB) kmajor_block<NV, MB>(xb, K, tile, tile_size, bias, t * PT, N, yb)
+#define MINILM_KMAJOR_ROWS(NV) \
+  switch (mb) { case 1: MINILM_KMAJOR(NV, 1); break; case 2: MINILM_KMAJOR(NV, 2); break; \
+                case 3: if constexpr (FMB >= 3) MINILM_KMAJOR(NV, 3); break; \
+                case 4: if constexpr (FMB >= 4) MINILM_KMAJOR(NV, 4); break; \
+                case 5: if constexpr (FMB >= 5) MINILM_KMAJOR(NV, 5); break; \
+                case 6: if constexpr (FMB >= 6) MINILM_KMAJOR(NV, 6); break; \
+                case 7: if constexpr (FMB >= 7) MINILM_KMAJOR(NV, 7); break; \
+                default: MINILM_KMAJOR(NV, FMB); break; }
+          if (t + 1 < tiles) { MINILM_KMAJOR_ROWS(2) } else { MINILM_KMAJOR_ROWS(1) }
+#undef MINILM_KMAJOR_ROWS
+#undef MINILM_KMAJOR
+        }
+      }
+    });
+  }
+}
 
 }  // namespace
 
@@ -895,15 +818,23 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& packed, int64_t block_
   return y;
 }
 
-// x (M, K), weight (N, K) float32 or bfloat16, both contiguous, bias (N,) or None
-// -> (M, N) = x @ weight.T + bias in x's dtype, rounded once
-at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  check_x(x);
-  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == x.size(1),
-              "weight must be a contiguous (N, K) matrix with x's K");
-  TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
-              "weight must be float32 or bfloat16");
-  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+// x (M, K) and a weight W (N, K) packed for the kernel, bias (N,) or None -> (M, N) = x @ W.T +
+// bias in x's dtype, rounded once.  bf16: x bf16, packed (ceil(N / 16), ceil(K / 2), 16, 2) bf16
+// (pairs); fp32: x float32, packed (ceil(N / 16), K, 16) float32 (k-major).
+at::Tensor packed_mm(const at::Tensor& x, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias) {
+  const bool bf16 = packed.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || packed.scalar_type() == at::kFloat, "packed must be bfloat16 or float32");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == packed.scalar_type(),
+              "x must be a contiguous (M, K) matrix in packed's dtype");
+  const int64_t M = x.size(0), K = x.size(1), tiles = (N + PT - 1) / PT;
+  if (bf16) {
+    TORCH_CHECK(packed.is_contiguous() && packed.dim() == 4 && packed.size(0) == tiles &&
+                packed.size(1) == (K + 1) / 2 && packed.size(2) == PT && packed.size(3) == 2,
+                "packed must be (ceil(N / 16), ceil(K / 2), 16, 2) bf16 for x's K and N");
+  } else {
+    TORCH_CHECK(packed.is_contiguous() && packed.dim() == 3 && packed.size(0) == tiles && packed.size(1) == K &&
+                packed.size(2) == PT, "packed must be (ceil(N / 16), K, 16) float32 for x's K and N");
+  }
   at::Tensor bias_f;  // float32 (N,), or undefined
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "bias must be (N,)");
@@ -911,45 +842,15 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& weight, const c10::op
   }
   const float* b = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
   at::Tensor y = at::empty({M, N}, x.options());
-#if defined(__AVX512BF16__)
-  if (x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16) {
-    dense_matmul_dot(x.data_ptr<at::BFloat16>(), M, K, weight.data_ptr<at::BFloat16>(), b, N,
-                     y.data_ptr<at::BFloat16>());
-    return y;
-  }
-#endif
-  auto run = [&](auto* x_ptr, auto* y_ptr) {
-    const auto xf = to_float_rows(x_ptr, M, K);  // x converted once, not once per weight
-    if (weight.scalar_type() == at::kFloat) dense_matmul(xf.data(), M, K, weight.data_ptr<float>(), b, N, y_ptr);
-    else dense_matmul(split_pairs(xf, M, K).data(), M, K, weight.data_ptr<at::BFloat16>(), b, N, y_ptr);
-  };
-  if (x.scalar_type() == at::kFloat) run(x.data_ptr<float>(), y.data_ptr<float>());
-  else run(x.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>());
-  return y;
-}
-
-// x (M, K) bf16, packed (ceil(N / 16), ceil(K / 2), 16, 2) bf16 (the layout above `packed_mm`'s
-// kernel), bias (N,) or None -> (M, N) = x @ W.T + bias in bf16, rounded once
-at::Tensor packed_mm(const at::Tensor& x, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
-              "x must be a contiguous (M, K) bf16 matrix");
-  const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() && packed.dim() == 4 &&
-              packed.size(0) == (N + PT - 1) / PT && packed.size(1) == (K + 1) / 2 && packed.size(2) == PT &&
-              packed.size(3) == 2, "packed must be (ceil(N / 16), ceil(K / 2), 16, 2) bf16 for x's K and N");
-  at::Tensor bias_f;  // float32 (N,), or undefined
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "bias must be (N,)");
-    bias_f = bias->to(at::kFloat).contiguous();
-  }
-  at::Tensor y = at::empty({M, N}, x.options());
-  packed_matmul(x.data_ptr<at::BFloat16>(), M, K, packed.data_ptr<at::BFloat16>(),
-                bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, N, y.data_ptr<at::BFloat16>());
+  if (bf16)
+    packed_matmul(x.data_ptr<at::BFloat16>(), M, K, packed.data_ptr<at::BFloat16>(), b, N, y.data_ptr<at::BFloat16>());
+  else
+    kmajor_matmul(x.data_ptr<float>(), M, K, packed.data_ptr<float>(), b, N, y.data_ptr<float>());
   return y;
 }
 
 // the vector width this build uses, in floats (8: AVX2 or narrower, 16: AVX-512)
 int64_t vector_width() { return V; }
 
-// whether int8_mm / int4_mm / dense_mm multiply bf16 x on bf16 dot products (AVX512_BF16)
+// whether int8_mm / int4_mm / packed_mm multiply bf16 x on bf16 dot products (AVX512_BF16)
 bool bf16_dot() { return BF16_DOT; }
