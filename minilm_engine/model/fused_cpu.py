@@ -126,12 +126,12 @@ class KernelRMSNorm(nn.Module):
 
 class FusedAttention(nn.Module):
     """`decoder.Attention` with q, k and v from one matmul, and q and k normalised and rotated
-    together (`ops`: the micro-kernel's `norm_rotary_`, in place on the matmul's output; without
-    it torch's ops, the readable model's arithmetic on every element)."""
+    together (with the micro-kernel `micro`, its `norm_rotary_`, in place on the matmul's output;
+    without it torch's ops, the readable model's arithmetic on every element)."""
 
-    def __init__(self, attn: Attention, micro=None, ops=None):
+    def __init__(self, attn: Attention, micro=None):
         super().__init__()
-        self.layer_idx, self.ops = attn.layer_idx, ops
+        self.layer_idx, self.ops = attn.layer_idx, micro
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         if quantized([attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]):  # kept, under their names
             self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
@@ -166,11 +166,12 @@ class FusedAttention(nn.Module):
 
 
 class FusedMLP(nn.Module):
-    """`decoder.MLP` (SwiGLU) with gate and up from one matmul (and `ops.silu_mul` after it)."""
+    """`decoder.MLP` (SwiGLU) with gate and up from one matmul (and the micro-kernel's `silu_mul`
+    after it, when there is one)."""
 
-    def __init__(self, mlp: MLP, micro=None, ops=None):
+    def __init__(self, mlp: MLP, micro=None):
         super().__init__()
-        self.intermediate_size, self.ops = mlp.gate_proj.out_features, ops
+        self.intermediate_size, self.ops = mlp.gate_proj.out_features, micro
         if quantized([mlp.gate_proj, mlp.up_proj, mlp.down_proj]):  # kept, under their names
             self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
             self.gate_up_proj = QuantizedGroup([mlp.gate_proj, mlp.up_proj])
@@ -195,12 +196,10 @@ class MatVecHead(nn.Module):
 
     def __init__(self, head: nn.Linear, micro=None):
         super().__init__()
-        self.matmul, self.num_weight_bytes = None, 0
-        self.weight = head.weight  # (V, hidden), the same Parameter
-        if micro is not None:
-            self.matmul = PackedMatmul(head.weight.detach(), None, micro)
-            self.num_weight_bytes = self.matmul.num_weight_bytes  # no Parameter holds it now
-            self.weight = None
+        self.matmul = None if micro is None else PackedMatmul(head.weight.detach(), None, micro)
+        # Packed: the tiles are the one copy, and no Parameter holds the table any more.
+        self.weight = head.weight if self.matmul is None else None  # (V, hidden), the same Parameter
+        self.num_weight_bytes = 0 if self.matmul is None else self.matmul.num_weight_bytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.matmul is not None:
@@ -251,8 +250,8 @@ def fuse_for_cpu(model: CausalLM, microkernel: bool | None = None) -> CausalLM:
         warnings.warn(f"fused CPU path without the micro-kernel ({cpu_compiled.unavailable_reason()}): "
                       "its matmuls run on torch (oneDNN / MKL)", stacklevel=3)
     for layer in model.model.layers:
-        layer.self_attn = FusedAttention(layer.self_attn, micro, micro)
-        layer.mlp = FusedMLP(layer.mlp, micro, micro)
+        layer.self_attn = FusedAttention(layer.self_attn, micro)
+        layer.mlp = FusedMLP(layer.mlp, micro)
         if micro is not None:
             layer.input_layernorm = KernelRMSNorm(layer.input_layernorm, micro)
             layer.post_attention_layernorm = KernelRMSNorm(layer.post_attention_layernorm, micro)
