@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -427,7 +428,7 @@ std::pair<int64_t, int64_t> token_rows(const at::Tensor& x) {
 // addresses collide in the caches' sets; one-row steps read it at ~25 GB/s where the tiles
 // read at ~50 (2-core EPYC, 2026-12-04, benchmarks/roofline.py).
 constexpr int PT = 16;    // output rows per tile
-constexpr int PMC = 128;  // rows of x per chunk (see packed_matmul)
+constexpr int PMC = 128;  // rows of x per chunk (see over_tiles)
 
 // x's pair p of a row as one 32-bit word (x[2p] in the low half): a whole pair, or an odd K's
 // last input with zero above it, as the packed weight's padding has
@@ -449,6 +450,41 @@ inline void store_tile(const float (&acc)[mb][2 * PT], int width, const float* b
   const int nb = (int)std::min<int64_t>(width, N - n0);
   for (int m = 0; m < mb; ++m)
     for (int n = 0; n < nb; ++n) store(y + m * N + n0 + n, bias ? acc[m][n] + bias[n0 + n] : acc[m][n]);
+}
+
+// `f(std::integral_constant<int, mb>{})` for a runtime 1 <= mb <= sizeof...(I): the row count as a
+// template argument, so its accumulators stay in registers
+template <typename F, int... I>
+inline void with_rows(int64_t mb, F&& f, std::integer_sequence<int, I...>) {
+  (void)((mb == I + 1 ? (f(std::integral_constant<int, I + 1>{}), true) : false) || ...);
+}
+
+// The loop both packed layouts share.  One row of x: tile by tile, `row(t)`.  More: rows of x in
+// chunks of PMC that stay in L2 while every tile passes over them (a prefill reads the weight
+// once per chunk: little beside its arithmetic), two tiles a block (each input of x shared by 32
+// outputs; the last tile alone when their number is odd), MB rows at a time:
+// `block(nv, mb, t, m0)` with nv and mb compile-time constants.
+template <int MB, typename Row, typename Block>
+void over_tiles(int64_t M, int64_t tiles, Row&& row, Block&& block) {
+  if (M == 1) {
+    at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) row(t);
+    });
+    return;
+  }
+  for (int64_t c0 = 0; c0 < M; c0 += PMC) {
+    const int64_t c1 = std::min<int64_t>(M, c0 + PMC);
+    at::parallel_for(0, (tiles + 1) / 2, 4, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t t = 2 * b;
+        for (int64_t m0 = c0; m0 < c1; m0 += MB)  // the tiles stay in L1 / L2 for every block of x
+          with_rows(std::min<int64_t>(MB, c1 - m0), [&](auto mb) {
+            if (t + 1 < tiles) block(std::integral_constant<int, 2>{}, mb, t, m0);
+            else block(std::integral_constant<int, 1>{}, mb, t, m0);
+          }, std::make_integer_sequence<int, MB>{});
+      }
+    });
+  }
 }
 
 #if defined(__AVX512BF16__)
@@ -504,38 +540,12 @@ constexpr int PMB = 8;    // rows of x per block: 2 * PMB accumulators + 2 weigh
 void packed_matmul(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* packed, const float* bias,
                    int64_t N, at::BFloat16* y) {
   const int64_t tiles = (N + PT - 1) / PT, tile_size = (K + 1) / 2 * 2 * PT;
-  if (M == 1) {
-    at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) packed_row_dot(x, K, packed + t * tile_size, bias, t * PT, N, y);
-    });
-    return;
-  }
-  // Two tiles a block (each pair of x shared by 32 outputs), the last alone when tiles is odd.
-  // Rows of x go in chunks of PMC that stay in L2 while every tile passes over them (a prefill
-  // reads the weight once per chunk: little beside its arithmetic).
-  for (int64_t c0 = 0; c0 < M; c0 += PMC) {
-    const int64_t c1 = std::min<int64_t>(M, c0 + PMC);
-    at::parallel_for(0, (tiles + 1) / 2, 4, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t t = 2 * b;
-        const at::BFloat16* tile = packed + t * tile_size;
-        for (int64_t m0 = c0; m0 < c1; m0 += PMB) {  // the tiles stay in L1 / L2 for every block of x
-          const int64_t mb = std::min<int64_t>(PMB, c1 - m0);
-          const at::BFloat16* xb = x + m0 * K;
-          at::BFloat16* yb = y + m0 * N;
-#define MINILM_PACKED(NV, MB) packed_block_dot<NV, MB>(xb, K, tile, tile_size, bias, t * PT, N, yb)
-#define MINILM_PACKED_ROWS(NV) \
-  switch (mb) { case 1: MINILM_PACKED(NV, 1); break; case 2: MINILM_PACKED(NV, 2); break; \
-                case 3: MINILM_PACKED(NV, 3); break; case 4: MINILM_PACKED(NV, 4); break; \
-                case 5: MINILM_PACKED(NV, 5); break; case 6: MINILM_PACKED(NV, 6); break; \
-                case 7: MINILM_PACKED(NV, 7); break; default: MINILM_PACKED(NV, 8); break; }
-          if (t + 1 < tiles) { MINILM_PACKED_ROWS(2) } else { MINILM_PACKED_ROWS(1) }
-#undef MINILM_PACKED_ROWS
-#undef MINILM_PACKED
-        }
-      }
-    });
-  }
+  over_tiles<PMB>(
+      M, tiles, [&](int64_t t) { packed_row_dot(x, K, packed + t * tile_size, bias, t * PT, N, y); },
+      [&](auto nv, auto mb, int64_t t, int64_t m0) {
+        packed_block_dot<decltype(nv)::value, decltype(mb)::value>(x + m0 * K, K, packed + t * tile_size,
+                                                                   tile_size, bias, t * PT, N, y + m0 * N);
+      });
 }
 #else
 // Without bf16 dot products: a pair word of the weight is two exact fp32 values (`word << 16`,
@@ -640,38 +650,12 @@ void kmajor_row(const float* x, int64_t K, const float* tile, const float* bias,
 void kmajor_matmul(const float* x, int64_t M, int64_t K, const float* packed, const float* bias, int64_t N,
                    float* y) {
   const int64_t tiles = (N + PT - 1) / PT, tile_size = K * PT;
-  if (M == 1) {
-    at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) kmajor_row(x, K, packed + t * tile_size, bias, t * PT, N, y);
-    });
-    return;
-  }
-  for (int64_t c0 = 0; c0 < M; c0 += PMC) {  // chunks of x that stay in L2, as in packed_matmul
-    const int64_t c1 = std::min<int64_t>(M, c0 + PMC);
-    at::parallel_for(0, (tiles + 1) / 2, 4, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t t = 2 * b;
-        const float* tile = packed + t * tile_size;
-        for (int64_t m0 = c0; m0 < c1; m0 += FMB) {
-          const int64_t mb = std::min<int64_t>(FMB, c1 - m0);
-          const float* xb = x + m0 * K;
-          float* yb = y + m0 * N;
-#define MINILM_KMAJOR(NV, MB) kmajor_block<NV, MB>(xb, K, tile, tile_size, bias, t * PT, N, yb)
-#define MINILM_KMAJOR_ROWS(NV) \
-  switch (mb) { case 1: MINILM_KMAJOR(NV, 1); break; case 2: MINILM_KMAJOR(NV, 2); break; \
-                case 3: if constexpr (FMB >= 3) MINILM_KMAJOR(NV, 3); break; \
-                case 4: if constexpr (FMB >= 4) MINILM_KMAJOR(NV, 4); break; \
-                case 5: if constexpr (FMB >= 5) MINILM_KMAJOR(NV, 5); break; \
-                case 6: if constexpr (FMB >= 6) MINILM_KMAJOR(NV, 6); break; \
-                case 7: if constexpr (FMB >= 7) MINILM_KMAJOR(NV, 7); break; \
-                default: MINILM_KMAJOR(NV, FMB); break; }
-          if (t + 1 < tiles) { MINILM_KMAJOR_ROWS(2) } else { MINILM_KMAJOR_ROWS(1) }
-#undef MINILM_KMAJOR_ROWS
-#undef MINILM_KMAJOR
-        }
-      }
-    });
-  }
+  over_tiles<FMB>(
+      M, tiles, [&](int64_t t) { kmajor_row(x, K, packed + t * tile_size, bias, t * PT, N, y); },
+      [&](auto nv, auto mb, int64_t t, int64_t m0) {
+        kmajor_block<decltype(nv)::value, decltype(mb)::value>(x + m0 * K, K, packed + t * tile_size, tile_size,
+                                                               bias, t * PT, N, y + m0 * N);
+      });
 }
 
 }  // namespace
