@@ -235,7 +235,9 @@ def hf_continuous_batching(model, workload: Workload, args, kv_budget: int, kv_b
     # Its logger warns that a persistent manager is sized for its first workload: we size it.
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
     try:
-        with torch.inference_mode():
+        # no_grad, not inference_mode: the manager's generation loop runs in its own thread, where
+        # inference mode is off, and zeroes tensors made here (transformers 5.17 refuses that).
+        with torch.no_grad():
             warm = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=-1)  # -1: no EOS
             model.generate_batch(inputs=workload.prompts[:4], generation_config=warm,
                                  continuous_batching_config=cb_config, persistent_manager=True)
@@ -281,6 +283,8 @@ def parse_args(argv=None):
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs for minilm-engine's decode steps (they are on by default on CUDA)")
     p.add_argument("--skip-hf", action="store_true", help="run minilm-engine only")
+    p.add_argument("--skip-hf-static", action="store_true",
+                   help="skip transformers.generate's static batches on A and B (batch 1 still runs)")
     p.add_argument("--skip-a", action="store_true", help="skip workload A (the longest run)")
     p.add_argument("--skip-hf-continuous", action="store_true",
                    help="skip transformers' generate_batch (slow on a CPU)")
@@ -364,7 +368,8 @@ class Report:
         ours = {r.workload: r for r in self.results if r.system.startswith("minilm")}
         for r in self.results:
             ref = ours.get(r.workload)
-            ratio = f"{ref.tokens_per_s / r.tokens_per_s:7.2f}x" if ref is not None and r is not ref else ""
+            compared = ref is not None and r is not ref and r.tokens_per_s > 0  # a failed run made 0 tokens
+            ratio = f"{ref.tokens_per_s / r.tokens_per_s:7.2f}x" if compared else ""
             print(f"{r.system:<44} {r.workload:<22} {r.num_output_tokens:>10,} {r.seconds:8.2f} "
                   f"{r.tokens_per_s:10,.0f} {ratio:>8}")
         print("('vs this': minilm-engine's tokens/s divided by this run's, same workload)")
@@ -466,9 +471,10 @@ def main(argv=None) -> int:
     report.attempt("minilm-engine on B", lambda: report.add(run_minilm(llm, workload_b, device)))
     if hf_model is not None:
         warm = Workload("warm-up", workload_b.prompts[:2], [4, 4])
-        report.attempt("transformers.generate warm-up", lambda: hf_static(hf_model, warm, 2))
-        report.attempt("transformers.generate on B",
-                       lambda: report.add(hf_static(hf_model, workload_b, args.hf_batch)))
+        if not args.skip_hf_static:
+            report.attempt("transformers.generate warm-up", lambda: hf_static(hf_model, warm, 2))
+            report.attempt("transformers.generate on B",
+                           lambda: report.add(hf_static(hf_model, workload_b, args.hf_batch)))
         if not args.skip_hf_continuous:
             report.attempt("transformers generate_batch on B", lambda: report.add(hf_continuous_batching(
                 hf_model, workload_b, args, hf_kv_budget, kv_bytes_per_token, device)))

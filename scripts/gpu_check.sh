@@ -187,7 +187,7 @@ results = data.get("results", [])
 ours = {r["workload"]: r for r in results if r["system"].startswith("minilm")}
 for r in results:
     ref = ours.get(r["workload"])
-    ratio = "" if ref is None or ref is r else f"  (minilm-engine {ref['tokens_per_s'] / r['tokens_per_s']:.2f}x)"
+    ratio = "" if ref is None or ref is r or not r["tokens_per_s"] else f"  (minilm-engine {ref['tokens_per_s'] / r['tokens_per_s']:.2f}x)"
     rows.append((f"{r['system']}, {r['workload']}", f"{r['tokens_per_s']:,.0f} output tok/s{ratio} {r['note']}".strip()))
 if "ceiling_tokens_per_s" in data:
     ceiling = data["ceiling_tokens_per_s"]

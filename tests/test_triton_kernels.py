@@ -229,10 +229,19 @@ def test_paged_prefill_matches_reference(case):
     check_attention(paged_prefill_attention, case)
 
 
-def test_prefill_takes_the_longest_chunk_from_the_host_when_given():
+def test_prefill_takes_the_longest_chunk_from_the_host_when_given(monkeypatch):
     case = Case([(9, 1), (40, 33), (21, 6)], ratio=2, num_kv_heads=2, head_dim=16, block_size=4)
     q, k, v, k_cache, v_cache, meta = build(case)
     write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    # Outputs start as NaN: on a GPU torch.empty hands back the memory of the call before, which
+    # already holds the rows a skipped tile would have written.
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        out = empty(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
     computed = paged_prefill_attention(q, k_cache, v_cache, meta)  # max_query_len None: from the device
     meta.max_query_len = 33
     assert torch.equal(paged_prefill_attention(q, k_cache, v_cache, meta), computed)
@@ -271,6 +280,24 @@ def test_the_plan_picks_the_kernel_once_and_every_layer_uses_it(seqs, num_sms, k
                "prefill": paged_prefill_attention}
     torch.testing.assert_close(backend.attend(q, k_cache, v_cache, plan), kernels[kernel](q, k_cache, v_cache, meta),
                                rtol=0, atol=0)
+
+
+def test_a_replaced_decode_kernel_runs_where_the_split_kernel_would():
+    # On a GPU few sequences take the split kernel; a kernel put in through `pluggable` (chapter
+    # A1's exercise) must run there all the same, or the check would test the package's kernel.
+    from minilm_engine import pluggable
+    from minilm_engine.model.attention.triton_paged_decode import paged_decode_kernel
+
+    case = Case([(9, 1), (P + 9, 1)], ratio=2, num_kv_heads=2, head_dim=16, block_size=16)
+    backend = backends.TritonBackend(num_sms=10**6)
+    q, k, v, k_cache, v_cache, meta = build(case)
+    assert backend.plan(meta, case.block_size, case.num_kv_heads).kernel == "split"
+    with pluggable.override("attention.decode_kernel", lambda: paged_decode_kernel):
+        plan = backend.plan(meta, case.block_size, case.num_kv_heads)
+        assert plan.kernel == "decode"
+        backend.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        backend.attend(q, k_cache, v_cache, plan)
+        assert pluggable.num_calls("attention.decode_kernel") == 1
 
 
 # ---------------------------------------------------------------------- choosing a backend

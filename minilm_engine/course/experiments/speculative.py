@@ -75,10 +75,13 @@ def measure_speculation(
     min_pairs: int = 5,
     device: str | None = None,
     seed: int = 0,
+    dtype: str = "auto",
 ) -> list[SpecRun]:
     """For each batch size: the run without speculation (K = 0), then each K.
 
     Requests are greedy noodle-shop prompts (`sample_prompts`), ending at EOS or `max_tokens`.
+    `dtype` is the engines' (a GPU's default is bf16, where a verification pass and a decode step
+    round differently, so a near tie can go either way; float32 is the exactness check there).
     Every batch size runs **the same** `num_prompts` prompts (default: the largest batch size),
     cut into batches of B that run one after the other; so a change across batch sizes is the
     batch, not a different draft acceptance on different text.  Each K has its own engine.
@@ -98,7 +101,7 @@ def measure_speculation(
         engines = {}
         for k in ks:
             spec = {"model": draft, "num_speculative_tokens": k} if k else None
-            engines[k] = LLM(target, device=device, max_num_seqs=batch_size, record_trace=False,
+            engines[k] = LLM(target, device=device, dtype=dtype, max_num_seqs=batch_size, record_trace=False,
                              speculative_config=spec)
             engines[k].generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
         repeats = max(num_repeats, math.ceil(min_pairs / len(batches)))

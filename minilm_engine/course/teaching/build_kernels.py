@@ -28,7 +28,10 @@ from minilm_engine.course.teaching.build_runs import (
 from minilm_engine.course.teaching.build_pieces import _ADAPTERS, _calls, _with
 from minilm_engine.course.teaching.build_units import kv_heads_read, require_gqa_mapping
 
-KERNEL_ARGS = {"block_size": 4, "num_kv_blocks": 64, "max_num_seqs": 5}
+# fp32 on every device: on a GPU the engine defaults to bf16, where the Triton prefill and the
+# torch reference round differently and a small random model's near-equal logits can swap the
+# first token (seen on an H200) although both attentions are right.
+KERNEL_ARGS = {"block_size": 4, "num_kv_blocks": 64, "max_num_seqs": 5, "dtype": "float32"}
 
 
 def _adapt_decode_kernel(kernel: Any):

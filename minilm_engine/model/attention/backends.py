@@ -29,6 +29,7 @@ from typing import Literal
 
 import torch
 
+from minilm_engine import pluggable
 from minilm_engine.model.attention.paged import (
     PagedAttentionMetadata,
     ReferencePlan,
@@ -155,8 +156,11 @@ class TritonBackend(AttentionBackend):
         if meta.num_tokens != meta.num_seqs:
             return TritonPlan(meta, "prefill")
         # Few sequences leave most of the GPU idle in the plain kernel: split their contexts.
+        # A decode kernel put in through `pluggable` (chapter A1's exercise) always runs: the
+        # split kernel is the package's own and would step around it.
         max_context = meta.block_tables.shape[1] * block_size  # a bound, no sync
-        split = self._should_split(meta.num_seqs, num_kv_heads, max_context, self.num_sms)
+        split = (not pluggable.is_overridden("attention.decode_kernel")
+                 and self._should_split(meta.num_seqs, num_kv_heads, max_context, self.num_sms))
         return TritonPlan(meta, "split" if split else "decode")
 
     def write_kv(self, k_cache, v_cache, k, v, slot_mapping) -> None:
