@@ -318,6 +318,82 @@ void int4_block_bf16(const uint32_t* xp, const float* xsum, int64_t K, int64_t G
       for (int i = 0; i < ROWS && n0 + h * half + i < N; ++i) y[m * N + n0 + h * half + i] = at::BFloat16(out[h][m][i]);
 }
 
+// Bytes [d0, d0 + 32) of a torch tile (B = 64, AVX-512's packing): inputs 2j and 2j + 1 are one
+// 64-byte run, read whole.  Interleaving their bytes pairs each row's two inputs; the in-lane
+// unpack leaves rows 0-7 and 16-23 in one vector (`pl`) and 8-15, 24-31 in the other (`ph`), so
+// four accumulators per row of x (low / high nibbles of each), four independent vdpbf16ps
+// chains: one row of x is not held up by the instruction's latency.
+constexpr int MB4 = 6;  // rows of x per block: 4 * MB4 accumulators + 4 weight vectors fit 32 registers
+
+inline int64_t int4_lane_row(int v, int i) { return (i < 8 ? i : i + 8) + 8 * v; }  // v: pl 0, ph 1
+
+// The scales of one unit (32 rows' low and high nibbles) laid out as its accumulators' lanes, per
+// group: scale and correction (zero - 8 scale - 128 scale: the codes' offset and the 128 the
+// bf16 bits add) for accumulator q, lane i.  Built once per unit and call, so a group's
+// epilogue is two vector multiply-adds per accumulator, not 64 scalar ones.
+template <typename S>
+void int4_lane_scales(const S* scales_and_zeros, int64_t G, int64_t N_padded, int64_t n0, int64_t half,
+                      float* scale, float* corr) {  // each (G, 4, 16)
+  for (int64_t g = 0; g < G; ++g)
+    for (int q = 0; q < 4; ++q)
+      for (int i = 0; i < ROWS; ++i) {
+        const S* sz = scales_and_zeros + (g * N_padded + n0 + (q / 2) * half + int4_lane_row(q % 2, i)) * 2;
+        const float sc = as_float(sz[0]);
+        scale[(g * 4 + q) * ROWS + i] = sc;
+        corr[(g * 4 + q) * ROWS + i] = as_float(sz[1]) - 136.0f * sc;
+      }
+}
+
+template <int mb>
+void int4_block32_bf16(const uint32_t* xp, const float* xsum, int64_t K, int64_t G, int64_t group_size,
+                       const uint8_t* tile, int64_t half, int64_t d0, const float* scale, const float* corr,
+                       int64_t n0, int64_t N, at::BFloat16* y) {
+  const int64_t K2 = (K + 1) / 2;
+  const __m512i mask = _mm512_set1_epi16(0x000F), bias = _mm512_set1_epi16(0x4300);
+  __m512 out[4][mb];  // [low pl, low ph, high pl, high ph][row of x]
+  for (int q = 0; q < 4; ++q)
+    for (int m = 0; m < mb; ++m) out[q][m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 acc[4][mb];
+    for (int q = 0; q < 4; ++q)
+      for (int m = 0; m < mb; ++m) acc[q][m] = _mm512_setzero_ps();
+    const int64_t j_end = std::min(K2, (g + 1) * group_size / 2);
+    for (int64_t j = g * group_size / 2; j < j_end; ++j) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 2 * j * half + d0));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + (2 * j + 1) * half + d0));
+      const __m512i pl = _mm512_cvtepu8_epi16(_mm256_unpacklo_epi8(a, b));
+      const __m512i ph = _mm512_cvtepu8_epi16(_mm256_unpackhi_epi8(a, b));
+      const __m512bh w[4] = {(__m512bh)_mm512_ternarylogic_epi32(pl, mask, bias, 0xEA),  // (u & 0xF) | 0x4300
+                             (__m512bh)_mm512_ternarylogic_epi32(ph, mask, bias, 0xEA),
+                             (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(pl, 4), mask, bias, 0xEA),
+                             (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(ph, 4), mask, bias, 0xEA)};
+      for (int m = 0; m < mb; ++m) {
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[m * K2 + j]));
+        for (int q = 0; q < 4; ++q) acc[q][m] = _mm512_dpbf16_ps(acc[q][m], xv, w[q]);
+      }
+    }
+    for (int q = 0; q < 4; ++q) {
+      const __m512 sc = _mm512_loadu_ps(scale + (g * 4 + q) * ROWS), co = _mm512_loadu_ps(corr + (g * 4 + q) * ROWS);
+      for (int m = 0; m < mb; ++m)
+        out[q][m] = _mm512_fmadd_ps(co, _mm512_set1_ps(xsum[m * G + g]), _mm512_fmadd_ps(sc, acc[q][m], out[q][m]));
+    }
+  }
+  for (int q = 0; q < 4; ++q)
+    for (int m = 0; m < mb; ++m) {
+      alignas(64) float lanes[ROWS];
+      _mm512_store_ps(lanes, out[q][m]);
+      for (int i = 0; i < ROWS; ++i) {
+        const int64_t n = n0 + (q / 2) * half + int4_lane_row(q % 2, i);
+        if (n < N) y[m * N + n] = at::BFloat16(lanes[i]);
+      }
+    }
+}
+
+#define MINILM_ROW_CASES6(F) \
+  switch (std::min<int64_t>(MB4, M - m0)) { \
+    case 1: F(1); break; case 2: F(2); break; case 3: F(3); break; case 4: F(4); break; \
+    case 5: F(5); break; default: F(6); break; }
+
 template <typename S>
 void int4_matmul_bf16(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t* packed, int64_t block_n,
                       const S* scales_and_zeros, int64_t G, int64_t group_size, int64_t N_padded, int64_t N,
@@ -327,6 +403,25 @@ void int4_matmul_bf16(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) xsum[m * G + k / group_size] += as_float(x[m * K + k]);
   const int64_t half = block_n / 2, K_padded = G * group_size, K2 = (K + 1) / 2;
+  if (half % 32 == 0) {  // AVX-512's packing: 32 bytes of an input at a time (int4_block32_bf16)
+    const int64_t per_tile = half / 32, blocks = N_padded / block_n * per_tile;
+    at::parallel_for(0, blocks, 1, [&](int64_t u0, int64_t u1) {
+      std::vector<float> scale(G * 4 * ROWS), corr(G * 4 * ROWS);
+      for (int64_t u = u0; u < u1; ++u) {
+        const int64_t t = u / per_tile, d0 = (u % per_tile) * 32, n0 = t * block_n + d0;
+        if (n0 >= N) continue;
+        const uint8_t* tile = packed + t * K_padded * half;
+        int4_lane_scales(scales_and_zeros, G, N_padded, n0, half, scale.data(), corr.data());
+        for (int64_t m0 = 0; m0 < M; m0 += MB4) {
+#define MINILM_INT4_32(n) int4_block32_bf16<n>(xp.data() + m0 * K2, xsum.data() + m0 * G, K, G, group_size, tile, \
+                                               half, d0, scale.data(), corr.data(), n0, N, y + m0 * N)
+          MINILM_ROW_CASES6(MINILM_INT4_32)
+#undef MINILM_INT4_32
+        }
+      }
+    });
+    return;
+  }
   const int64_t per_tile = half / ROWS, blocks = N_padded / block_n * per_tile;
   at::parallel_for(0, blocks, 1, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
@@ -344,6 +439,7 @@ void int4_matmul_bf16(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t
   });
 }
 #undef MINILM_ROW_CASES
+#undef MINILM_ROW_CASES6
 constexpr bool BF16_DOT = true;
 #else
 constexpr bool BF16_DOT = false;
