@@ -19,8 +19,11 @@ its ridge B*, and with the same model on the datasheet constants of an H100 and 
 measured here.  Where a quantized precision and bf16 both ran, a last table gives the quantized
 step over the bf16 step at each B (the issue's goal: at most 1.0x up to B = 32).  Each precision
 also times one forward over K + 1 = 5 tokens against a decode step at batch 1 (a verification
-in speculative decoding, `speculative.time_verify_forward_repeats`), and the run ends with
-issue 32's goals, met or the worst cell that misses.
+in speculative decoding, `speculative.time_verify_forward_repeats`), and times the step's
+matmuls alone at each B <= 16 (every projection and the head, called again on the inputs a real
+step gave them): their read rate and FLOP/s against the roofline's, and what the rest of the step
+costs.  The run ends with issue 32's goals, met or the worst cell that misses with that split
+there: what limits it, measured.
 
     python benchmarks/roofline.py --threads 2             # full size: a few minutes
     python benchmarks/roofline.py --quick                 # a tiny config: seconds (the smoke test)
@@ -34,19 +37,28 @@ import gc
 import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
+from torch import nn
 from common import QUICK_OVERRIDES, QWEN3_0_6B, add_threads_option, apply_threads_option
 
 from minilm_engine import LLM
-from minilm_engine.course.experiments.batching import hardware_summary
+from minilm_engine.course.experiments.batching import hardware_summary, time_decode_step
 from minilm_engine.course.experiments.quantization import write_random_qwen3
 from minilm_engine.course.experiments.real_shape import default_dtype
-from minilm_engine.course.experiments.roofline import DATASHEETS, measure_roofline, step_cost, time_steps
+from minilm_engine.course.experiments.roofline import (
+    DATASHEETS,
+    Roofline,
+    StepCost,
+    measure_roofline,
+    step_cost,
+    time_steps,
+)
 from minilm_engine.course.experiments.speculative import time_verify_forward_repeats
 from minilm_engine.course.known_configs import KNOWN_CONFIGS
-from minilm_engine.model.fused_cpu import fuse_for_cpu
+from minilm_engine.model.fused_cpu import FusedLinear, MatVecHead, fuse_for_cpu
 from minilm_engine.model.quantization.kernels import cpu_compiled
 from minilm_engine.model.quantization.kernels.cpu import CPUKernel
 from minilm_engine.model.quantization.linear import QuantizedLinear
@@ -75,6 +87,34 @@ def load_pair(folder: Path, precision: str) -> dict:
             operators.prepare(module)
             module.kernel = operators
     return {"kernel": with_kernel.model, "torch": without.model}
+
+
+MATMUL_MODULES = (FusedLinear, MatVecHead, QuantizedLinear, nn.Linear)  # a step's matmuls, each one call
+
+
+def time_matmuls(model, batch_size: int, num_repeats: int = 5, context_len: int = 16) -> float:
+    """Seconds of one decode step's matmuls alone at `batch_size` rows (median of `num_repeats`
+    passes): hooks record each projection's and the head's input on a real step, and a pass calls
+    every one of them again on it.  With the whole step's time this splits a step into the
+    matmuls and the rest (attention, norms, sampling, Python)."""
+    inputs: dict[nn.Module, torch.Tensor] = {}
+
+    def record(module, args):
+        inputs[module] = args[0].detach().clone()  # the last call wins: the decode step's rows
+
+    handles = [m.register_forward_pre_hook(record) for m in model.modules() if isinstance(m, MATMUL_MODULES)]
+    try:
+        time_decode_step(model, batch_size, context_len, num_steps=1)
+    finally:
+        for handle in handles:
+            handle.remove()
+    times = []
+    for _ in range(num_repeats + 1):  # the first pass warms up
+        start = time.perf_counter()
+        for module, x in inputs.items():
+            module(x)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
 
 
 def cell(times, predicted_s: float) -> str:
@@ -148,12 +188,27 @@ def main() -> None:
             results.setdefault("verify_over_step", {})[precision] = ratios
             print(f"{precision:>9} batch 1: scoring {VERIFY_TOKENS} tokens / one decode step "
                   f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]")
+            with torch.inference_mode():
+                matmul_s = {b: time_matmuls(models["kernel"], b, num_repeats=2 if args.quick else 5)
+                            for b in batch_sizes if b <= 16}
+            results.setdefault("matmuls_s", {})[precision] = matmul_s
+            print(f"{precision:>9} matmuls alone (with the micro-kernel): " + "; ".join(
+                f"B={b} {split(s_, by['kernel', b].median_s, cost, b, roofline)}" for b, s_ in matmul_s.items()))
             del models
             gc.collect()
     quantized_over_bf16(results["rows"], batch_sizes)
     print_goals(results, batch_sizes)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+
+
+def split(matmul_s: float, step_s: float, cost, batch_size: int, roofline) -> str:
+    """The matmuls' time, their read rate and FLOP/s over the roofline's, and the rest of the step."""
+    read = cost.weight_bytes / matmul_s
+    flops = 2 * cost.num_matmul_params * batch_size / matmul_s
+    return (f"{matmul_s * 1e3:.1f} ms ({read / 1e9:.1f} GB/s = {read / roofline.read_bandwidth:.2f}x the read "
+            f"bandwidth, {flops / 1e9:.0f} GFLOP/s = {flops / roofline.matmul_flops:.2f}x), "
+            f"the rest {(step_s - matmul_s) * 1e3:.1f} ms")
 
 
 def quantized_over_bf16(rows: list[dict], batch_sizes: list[int]) -> None:
@@ -182,6 +237,13 @@ def print_goals(results: dict, batch_sizes: list[int]) -> None:
             verdict = "met" if ratios[worst] <= GOAL_ROOFLINE else f"missed, worst B = {worst}"
             print(f"  {precision}: step / roofline at B <= 16 at most {ratios[worst]:.2f}x "
                   f"(goal {GOAL_ROOFLINE}x): {verdict}")
+            matmul_s = results.get("matmuls_s", {}).get(precision, {}).get(worst)
+            if ratios[worst] > GOAL_ROOFLINE and matmul_s is not None:
+                row = next(r for r in rows if r["batch_size"] == worst)
+                cost = StepCost(row["weight_bytes"], row["matmul_params"])
+                ceilings = Roofline(results["read_bandwidth"], results["matmul_flops"])
+                print(f"    what limits it at B = {worst}: the matmuls alone "
+                      f"{split(matmul_s, statistics.median(row['kernel_s']), cost, worst, ceilings)}")
     for precision, ratios in results.get("verify_over_step", {}).items():
         median = statistics.median(ratios)
         print(f"  {precision}: batch-1 verification of {VERIFY_TOKENS} tokens / decode step {median:.2f}x "
