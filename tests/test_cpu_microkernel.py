@@ -27,7 +27,9 @@ def close(y: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
     torch.testing.assert_close(y.float(), expected, rtol=0, atol=tol * scale)
 
 
-@pytest.mark.parametrize("N,K", [(16, 64), (40, 320), (200, 96), (33, 63)])  # 63: an odd pair of inputs
+# 63: an odd pair of inputs; 70 and 13: pairs past the last whole group of 4 and 2 (one and two
+# rows of x keep 4 and 2 sums of alternating pairs)
+@pytest.mark.parametrize("N,K", [(16, 64), (40, 320), (200, 96), (33, 63), (24, 70), (17, 13)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_equals_fp32_arithmetic(micro, N, K, dtype):
     torch.manual_seed(N + K)

@@ -243,20 +243,30 @@ void int8_block_bf16(const uint32_t* xp, int64_t K, const int8_t* tile, const S*
                      at::BFloat16* y) {
   const int64_t K2 = (K + 1) / 2;
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  __m512 acc[mb];
-  for (int m = 0; m < mb; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < K2; ++j) {
+  // A row or two of x alone would wait on vdpbf16ps's latency, one sum after the other: give
+  // each row C independent sums over alternating pairs of inputs, added at the end.
+  constexpr int C = mb == 1 ? 4 : (mb == 2 ? 2 : 1);
+  __m512 acc[C][mb];
+  for (int c = 0; c < C; ++c)
+    for (int m = 0; m < mb; ++m) acc[c][m] = _mm512_setzero_ps();
+  auto pair = [&](int64_t j, int c) {  // inputs 2j and 2j + 1 into sum c
     const int8_t* p = tile + 2 * j * ROWS;
     const __m512i w0 = _mm512_castps_si512((__m512)int8_to_float(p));
     const __m512i w1 = 2 * j + 1 < K ? _mm512_castps_si512((__m512)int8_to_float(p + ROWS)) : _mm512_setzero_si512();
     // (w0 >> 16) | (w1 & 0xFFFF0000): w[k] in the low half, w[k + 1] in the high half
     const __m512bh w = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(w0, 16), w1, high, 0xF8);
     for (int m = 0; m < mb; ++m)
-      acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[m * K2 + j])), w);
-  }
+      acc[c][m] = _mm512_dpbf16_ps(acc[c][m], (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[m * K2 + j])), w);
+  };
+  int64_t j = 0;
+  for (; j + C <= K2; j += C)
+    for (int c = 0; c < C; ++c) pair(j + c, c);
+  for (; j < K2; ++j) pair(j, 0);
+  for (int c = 1; c < C; ++c)
+    for (int m = 0; m < mb; ++m) acc[0][m] = _mm512_add_ps(acc[0][m], acc[c][m]);
   for (int m = 0; m < mb; ++m) {
     alignas(64) float lanes[ROWS];
-    _mm512_store_ps(lanes, acc[m]);
+    _mm512_store_ps(lanes, acc[0][m]);
     for (int i = 0; i < ROWS && n0 + i < N; ++i) y[m * N + n0 + i] = at::BFloat16(lanes[i] * as_float(scales[n0 + i]));
   }
 }
