@@ -21,8 +21,8 @@ step over the bf16 step at each B (the issue's goal: at most 1.0x up to B = 32).
 also times one forward over K + 1 = 5 tokens against a decode step at batch 1 (a verification
 in speculative decoding, `speculative.time_verify_forward_repeats`), and times the step's
 matmuls alone at each B <= 16 (every projection and the head, called again on the inputs a real
-step gave them): their read rate and FLOP/s against the roofline's, and what the rest of the step
-costs.  The run ends with issue 32's goals, met or the worst cell that misses with that split
+step gave them, right after a step: `time_step_split`): their read rate and FLOP/s against the
+roofline's, and what the rest of the step costs.  The run ends with issue 32's goals, met or the worst cell that misses with that split
 there: what limits it, measured.
 
     python benchmarks/roofline.py --threads 2             # full size: a few minutes
@@ -92,11 +92,12 @@ def load_pair(folder: Path, precision: str) -> dict:
 MATMUL_MODULES = (FusedLinear, MatVecHead, QuantizedLinear, nn.Linear)  # a step's matmuls, each one call
 
 
-def time_matmuls(model, batch_size: int, num_repeats: int = 5, context_len: int = 16) -> float:
-    """Seconds of one decode step's matmuls alone at `batch_size` rows (median of `num_repeats`
-    passes): hooks record each projection's and the head's input on a real step, and a pass calls
-    every one of them again on it.  With the whole step's time this splits a step into the
-    matmuls and the rest (attention, norms, sampling, Python)."""
+def time_step_split(model, batch_size: int, num_repeats: int = 5, context_len: int = 16) -> dict:
+    """A decode step of `batch_size` rows split into its matmuls and the rest: hooks record each
+    projection's and the head's input on a real step; each repeat then times one step
+    (`time_decode_step`) and, right after, one pass calling every matmul again on its recorded
+    input.  Medians (seconds) of the step, the matmuls and the per-repeat difference, the rest
+    (attention, norms, sampling, Python): paired, so a busy moment hits both sides of it."""
     inputs: dict[nn.Module, torch.Tensor] = {}
 
     def record(module, args):
@@ -108,13 +109,15 @@ def time_matmuls(model, batch_size: int, num_repeats: int = 5, context_len: int 
     finally:
         for handle in handles:
             handle.remove()
-    times = []
-    for _ in range(num_repeats + 1):  # the first pass warms up
+    steps, matmuls = [], []
+    for _ in range(num_repeats):
+        steps.append(time_decode_step(model, batch_size, context_len, num_steps=2).step_s)
         start = time.perf_counter()
         for module, x in inputs.items():
             module(x)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+        matmuls.append(time.perf_counter() - start)
+    return {"step_s": statistics.median(steps), "matmul_s": statistics.median(matmuls),
+            "rest_s": statistics.median(s - m for s, m in zip(steps, matmuls))}
 
 
 def cell(times, predicted_s: float) -> str:
@@ -189,11 +192,11 @@ def main() -> None:
             print(f"{precision:>9} batch 1: scoring {VERIFY_TOKENS} tokens / one decode step "
                   f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]")
             with torch.inference_mode():
-                matmul_s = {b: time_matmuls(models["kernel"], b, num_repeats=2 if args.quick else 5)
-                            for b in batch_sizes if b <= 16}
-            results.setdefault("matmuls_s", {})[precision] = matmul_s
-            print(f"{precision:>9} matmuls alone (with the micro-kernel): " + "; ".join(
-                f"B={b} {split(s_, by['kernel', b].median_s, cost, b, roofline)}" for b, s_ in matmul_s.items()))
+                splits = {b: time_step_split(models["kernel"], b, num_repeats=2 if args.quick else 5)
+                          for b in batch_sizes if b <= 16}
+            results.setdefault("step_split", {})[precision] = splits
+            print(f"{precision:>9} the step split (with the micro-kernel): " + "; ".join(
+                f"B={b} {split(parts, cost, b, roofline)}" for b, parts in splits.items()))
             del models
             gc.collect()
     quantized_over_bf16(results["rows"], batch_sizes)
@@ -202,13 +205,14 @@ def main() -> None:
         args.json.write_text(json.dumps(results, indent=1))
 
 
-def split(matmul_s: float, step_s: float, cost, batch_size: int, roofline) -> str:
-    """The matmuls' time, their read rate and FLOP/s over the roofline's, and the rest of the step."""
+def split(parts: dict, cost, batch_size: int, roofline) -> str:
+    """A step's `time_step_split`: the matmuls' read rate and FLOP/s over the roofline's, and the rest."""
+    matmul_s = parts["matmul_s"]
     read = cost.weight_bytes / matmul_s
     flops = 2 * cost.num_matmul_params * batch_size / matmul_s
-    return (f"{matmul_s * 1e3:.1f} ms ({read / 1e9:.1f} GB/s = {read / roofline.read_bandwidth:.2f}x the read "
-            f"bandwidth, {flops / 1e9:.0f} GFLOP/s = {flops / roofline.matmul_flops:.2f}x), "
-            f"the rest {(step_s - matmul_s) * 1e3:.1f} ms")
+    return (f"{parts['step_s'] * 1e3:.1f} ms = matmuls {matmul_s * 1e3:.1f} ms ({read / 1e9:.1f} GB/s = "
+            f"{read / roofline.read_bandwidth:.2f}x the read bandwidth, {flops / 1e9:.0f} GFLOP/s = "
+            f"{flops / roofline.matmul_flops:.2f}x) + the rest {parts['rest_s'] * 1e3:.1f} ms")
 
 
 def quantized_over_bf16(rows: list[dict], batch_sizes: list[int]) -> None:
@@ -237,13 +241,12 @@ def print_goals(results: dict, batch_sizes: list[int]) -> None:
             verdict = "met" if ratios[worst] <= GOAL_ROOFLINE else f"missed, worst B = {worst}"
             print(f"  {precision}: step / roofline at B <= 16 at most {ratios[worst]:.2f}x "
                   f"(goal {GOAL_ROOFLINE}x): {verdict}")
-            matmul_s = results.get("matmuls_s", {}).get(precision, {}).get(worst)
-            if ratios[worst] > GOAL_ROOFLINE and matmul_s is not None:
+            parts = results.get("step_split", {}).get(precision, {}).get(worst)
+            if ratios[worst] > GOAL_ROOFLINE and parts is not None:
                 row = next(r for r in rows if r["batch_size"] == worst)
                 cost = StepCost(row["weight_bytes"], row["matmul_params"])
                 ceilings = Roofline(results["read_bandwidth"], results["matmul_flops"])
-                print(f"    what limits it at B = {worst}: the matmuls alone "
-                      f"{split(matmul_s, statistics.median(row['kernel_s']), cost, worst, ceilings)}")
+                print(f"    what limits it at B = {worst}: a step {split(parts, cost, worst, ceilings)}")
     for precision, ratios in results.get("verify_over_step", {}).items():
         median = statistics.median(ratios)
         print(f"  {precision}: batch-1 verification of {VERIFY_TOKENS} tokens / decode step {median:.2f}x "

@@ -211,10 +211,11 @@ def test_roofline_benchmark_prints_measured_and_predicted_steps(tmp_path):
     assert "scoring 5 tokens / one decode step" in out and "goals (medians of this run)" in out, out
     assert set(data["verify_over_step"]) == {"fp32", "bf16"}
     assert all(ratios and min(ratios) > 0 for ratios in data["verify_over_step"].values())
-    # The matmuls alone, per B: a part of the step it was measured beside.
-    assert {p: sorted(by_b) for p, by_b in data["matmuls_s"].items()} == {"fp32": ["1", "2"], "bf16": ["1", "2"]}
-    assert all(s > 0 for by_b in data["matmuls_s"].values() for s in by_b.values())
-    assert out.count("matmuls alone (with the micro-kernel): B=1") == 2 and "the rest" in out, out
+    # Each B's step split into its matmuls and the rest, measured in pairs.
+    assert {p: sorted(by_b) for p, by_b in data["step_split"].items()} == {"fp32": ["1", "2"], "bf16": ["1", "2"]}
+    parts = [p for by_b in data["step_split"].values() for p in by_b.values()]
+    assert all(0 < p["matmul_s"] < p["step_s"] and p["rest_s"] > 0 for p in parts), parts
+    assert out.count("the step split (with the micro-kernel): B=1") == 2 and "+ the rest" in out, out
 
 
 def test_structured_outputs_benchmark_prints_the_overhead_and_the_mask(tmp_path):
