@@ -19,11 +19,11 @@ its ridge B*, and with the same model on the datasheet constants of an H100 and 
 measured here.  Where a quantized precision and bf16 both ran, a last table gives the quantized
 step over the bf16 step at each B (the issue's goal: at most 1.0x up to B = 32).  Each precision
 also times one forward over K + 1 = 5 tokens against a decode step at batch 1 (a verification
-in speculative decoding, `speculative.time_verify_forward_repeats`), and times the step's
-matmuls alone at each B <= 16 (every projection and the head, called again on the inputs a real
-step gave them, right after a step: `time_step_split`): their read rate and FLOP/s against the
-roofline's, and what the rest of the step costs.  The run ends with issue 32's goals, met or the worst cell that misses with that split
-there: what limits it, measured.
+in speculative decoding, `speculative.time_verify_forward_repeats`), and splits each step of
+B <= 16 into its matmuls (every projection and the head, called again on the inputs a real step
+gave them, right after that step: `time_step_split`) and the rest, with the matmuls' read rate
+and FLOP/s against the roofline's.  The run ends with issue 32's goals, met or the worst cell
+that misses with its split: what limits it, measured.
 
     python benchmarks/roofline.py --threads 2             # full size: a few minutes
     python benchmarks/roofline.py --quick                 # a tiny config: seconds (the smoke test)

@@ -101,6 +101,13 @@ std::vector<float> to_float_rows(const T* x, int64_t M, int64_t K) {
   return xf;
 }
 
+// `f(std::integral_constant<int, mb>{})` for a runtime 1 <= mb <= sizeof...(I): the row count as a
+// template argument, so its accumulators stay in registers
+template <typename F, int... I>
+inline void with_rows(int64_t mb, F&& f, std::integer_sequence<int, I...>) {
+  (void)((mb == I + 1 ? (f(std::integral_constant<int, I + 1>{}), true) : false) || ...);
+}
+
 // ---------------------------------------------------------------- int8
 template <int mb, typename T, typename S>
 void int8_block(const float* xf, int64_t K, const int8_t* tile, const S* scales, int64_t n0, int64_t N, T* y) {
@@ -399,11 +406,6 @@ void int4_block32_bf16(const uint32_t* xp, const float* xsum, int64_t K, int64_t
     }
 }
 
-#define MINILM_ROW_CASES6(F) \
-  switch (std::min<int64_t>(MB4, M - m0)) { \
-    case 1: F(1); break; case 2: F(2); break; case 3: F(3); break; case 4: F(4); break; \
-    case 5: F(5); break; default: F(6); break; }
-
 template <typename S>
 void int4_matmul_bf16(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t* packed, int64_t block_n,
                       const S* scales_and_zeros, int64_t G, int64_t group_size, int64_t N_padded, int64_t N,
@@ -422,12 +424,11 @@ void int4_matmul_bf16(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t
         if (n0 >= N) continue;
         const uint8_t* tile = packed + t * K_padded * half;
         int4_lane_scales(scales_and_zeros, G, N_padded, n0, half, scale.data(), corr.data());
-        for (int64_t m0 = 0; m0 < M; m0 += MB4) {
-#define MINILM_INT4_32(n) int4_block32_bf16<n>(xp.data() + m0 * K2, xsum.data() + m0 * G, K, G, group_size, tile, \
-                                               half, d0, scale.data(), corr.data(), n0, N, y + m0 * N)
-          MINILM_ROW_CASES6(MINILM_INT4_32)
-#undef MINILM_INT4_32
-        }
+        for (int64_t m0 = 0; m0 < M; m0 += MB4)
+          with_rows(std::min<int64_t>(MB4, M - m0), [&](auto mb) {
+            int4_block32_bf16<decltype(mb)::value>(xp.data() + m0 * K2, xsum.data() + m0 * G, K, G, group_size, tile,
+                                                   half, d0, scale.data(), corr.data(), n0, N, y + m0 * N);
+          }, std::make_integer_sequence<int, MB4>{});
       }
     });
     return;
@@ -449,7 +450,6 @@ void int4_matmul_bf16(const at::BFloat16* x, int64_t M, int64_t K, const uint8_t
   });
 }
 #undef MINILM_ROW_CASES
-#undef MINILM_ROW_CASES6
 constexpr bool BF16_DOT = true;
 #else
 constexpr bool BF16_DOT = false;
@@ -556,13 +556,6 @@ inline void store_tile(const float (&acc)[mb][2 * PT], int width, const float* b
   const int nb = (int)std::min<int64_t>(width, N - n0);
   for (int m = 0; m < mb; ++m)
     for (int n = 0; n < nb; ++n) store(y + m * N + n0 + n, bias ? acc[m][n] + bias[n0 + n] : acc[m][n]);
-}
-
-// `f(std::integral_constant<int, mb>{})` for a runtime 1 <= mb <= sizeof...(I): the row count as a
-// template argument, so its accumulators stay in registers
-template <typename F, int... I>
-inline void with_rows(int64_t mb, F&& f, std::integer_sequence<int, I...>) {
-  (void)((mb == I + 1 ? (f(std::integral_constant<int, I + 1>{}), true) : false) || ...);
 }
 
 // The loop both packed layouts share.  One row of x: tile by tile, `row(t)`.  More: rows of x in
