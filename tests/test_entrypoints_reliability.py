@@ -115,9 +115,12 @@ def test_disconnects_under_preemption_leak_nothing_and_change_no_answer(server):
 
 def test_a_non_streamed_request_is_aborted_when_its_client_times_out(server):
     before = server.engine.stats.num_aborted
-    body = {"model": MODEL, "prompt": "Receipt #1\n", "max_tokens": 250, "ignore_eos": True}  # ~1 s alone
+    # 300 tokens (what the 320-slot KV budget holds) take ~0.6 s alone on a 2-core CPU (2026-12-04;
+    # 250 took 0.53 s, at the old 0.5 s timeout): a 0.1 s read timeout leaves the client gone long
+    # before the answer, on a faster machine too.
+    body = {"model": MODEL, "prompt": "Receipt #1\n", "max_tokens": 300, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.1))
     deadline = time.monotonic() + 10
     while server.engine.stats.num_aborted == before and time.monotonic() < deadline:
         time.sleep(0.02)
