@@ -7,7 +7,7 @@ system loads:
     1. batch-1 greedy decode after a 16-token prompt (48 tokens; the prefill is left out):
        tokens/s and step ms of minilm-engine (bf16 and fp32 activations), its readable decoder
        (`model/decoder.py`) and its fused CPU backend (`model_backend="fused"`,
-       `model/fused_cpu.py`), and of `transformers.generate` on the same checkpoint and
+       `model/fused.py`), and of `transformers.generate` on the same checkpoint and
        dtype, each against the weight-read
        floor: the bytes one decode step reads (every weight once; a tied head reads the
        embedding table) / the copy bandwidth of a large tensor copy, measured here
@@ -58,7 +58,7 @@ from minilm_engine import LLM, SamplingParams
 from minilm_engine.course.experiments.batching import measure_copy_bandwidth
 from minilm_engine.course.experiments.quantization import write_random_qwen3
 from minilm_engine.course.known_configs import KNOWN_CONFIGS
-from minilm_engine.model.fused_cpu import PackedEmbedding
+from minilm_engine.model.fused import PackedEmbedding
 
 MODEL_ID = QWEN3_0_6B
 CHEF = "noodle-chef"

@@ -43,7 +43,7 @@ from minilm_engine import LLM, SamplingParams
 from minilm_engine.model.attention import context as attention_context
 from minilm_engine.worker import model_runner
 from minilm_engine.course.experiments.quantization import write_random_qwen3
-from minilm_engine.model import decoder, fused_cpu
+from minilm_engine.model import decoder, fused
 from minilm_engine.model.quantization.linear import QuantizedLinear
 from minilm_engine.course.known_configs import KNOWN_CONFIGS
 
@@ -61,17 +61,17 @@ def timed(name: str, fn):
 def instrument(llm: LLM) -> None:
     """Wrap every leaf of the decode step in a `record_function` range named after its category."""
     for module in llm.model.modules():
-        if isinstance(module, (decoder.RMSNorm, fused_cpu.HeadwiseRMSNorm, fused_cpu.KernelRMSNorm)):
+        if isinstance(module, (decoder.RMSNorm, fused.HeadwiseRMSNorm, fused.KernelRMSNorm)):
             module.forward = timed("norms", module.forward)
-        elif isinstance(module, fused_cpu.FusedAttention) and module.ops is not None:
+        elif isinstance(module, fused.FusedAttention) and module.ops is not None:
             # q and k's norm and rotation, one kernel call: counted as rotary
             module.ops = SimpleNamespace(norm_rotary_=timed("rotary", module.ops.norm_rotary_))
-        elif isinstance(module, (torch.nn.Linear, fused_cpu.FusedLinear, fused_cpu.MatVecHead, QuantizedLinear)):
+        elif isinstance(module, (torch.nn.Linear, fused.FusedLinear, fused.MatVecHead, QuantizedLinear)):
             module.forward = timed("matmul", module.forward)  # (a QuantizedGroup only calls these)
     attention_context.PagedAttention.attend = timed("attention", attention_context.PagedAttention.attend)
     model_runner.sample_requests = timed("sampling", model_runner.sample_requests)
     decoder.apply_rotary = timed("rotary", decoder.apply_rotary)
-    fused_cpu.apply_rotary = timed("rotary", fused_cpu.apply_rotary)
+    fused.apply_rotary = timed("rotary", fused.apply_rotary)
 
 
 def profile_steps(llm: LLM, num_steps: int, prompt_tokens: int) -> dict:
@@ -105,7 +105,7 @@ def profile_steps(llm: LLM, num_steps: int, prompt_tokens: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tiny config (seconds)")
-    parser.add_argument("--backend", default="fused", choices=fused_cpu.MODEL_BACKENDS)
+    parser.add_argument("--backend", default="fused", choices=fused.MODEL_BACKENDS)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--attention-backend", default="auto", help="auto (the CPU backend), torch, cpu")
     parser.add_argument("--quantization", default=None, help="int8 / int4 (quantized projections)")

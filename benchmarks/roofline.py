@@ -58,7 +58,7 @@ from minilm_engine.course.experiments.roofline import (
 )
 from minilm_engine.course.experiments.speculative import time_verify_forward_repeats
 from minilm_engine.course.known_configs import KNOWN_CONFIGS
-from minilm_engine.model.fused_cpu import FusedLinear, MatVecHead, fuse_for_cpu
+from minilm_engine.model.fused import FusedLinear, MatVecHead, fuse_for_cpu
 from minilm_engine.model.quantization.kernels import cpu_compiled
 from minilm_engine.model.quantization.kernels.cpu import CPUKernel
 from minilm_engine.model.quantization.linear import QuantizedLinear

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One pass over a fresh GPU machine: install, run the tests on CUDA (kernels, CUDA graphs, engine),
-# measure the decode kernel's bandwidth, run the throughput benchmark, print a short table.
+# measure the decode kernel's bandwidth, batch-1 decode readable vs fused, run the throughput
+# benchmark, print a short table.
 # Meant for a machine with torch, triton and transformers already installed and no internet;
 # finishes within about 7.5 minutes (each stage runs under `timeout`).
 #
@@ -124,6 +125,13 @@ json.dump({"copy_GBps": copy / 1e9, "points": rows}, open(sys.argv[1], "w"), ind
 KERNEL
 fi
 
+# -- 3a'. batch-1 decode, readable vs fused (benchmarks/fused_step.py), GPU only -----------------
+if [[ $HAS_CUDA == 1 ]]; then
+    echo "== benchmarks/fused_step.py (the Triton-fused layers against the readable ones, batch 1)"
+    timeout -k 10 100 "$PYTHON" benchmarks/fused_step.py --json "$OUT_DIR/fused_step.json" 2>&1 \
+        | grep -v -e "Writing model shards" -e "profiler_st" | tee "$OUT_DIR/fused_step.log"
+fi
+
 # -- 3b. the throughput benchmark, in what is left of the budget ---------------------------------
 LEFT=$((BUDGET_S - SECONDS - 15))
 (( LEFT < 60 )) && LEFT=60
@@ -204,6 +212,13 @@ if kernel.is_file():
     for p in k["points"]:
         rows.append((f"decode kernel, {p['num_seqs']} seqs x {p['context_len']} tokens",
                      f"{p['GBps']:,.0f} GB/s = {p['of_copy']:.0%} of copy ({k['copy_GBps']:,.0f} GB/s)"))
+fused = Path(sys.argv[1]).with_name("fused_step.json")
+if fused.is_file():
+    f = json.loads(fused.read_text())
+    per = {b: f[f"{b}_per_step"] for b in ("reference", "fused")}
+    rows.append(("batch 1, fused vs readable", f"{f['speedup_median']:.2f}x [{f['speedup_range'][0]:.2f}-"
+                 f"{f['speedup_range'][1]:.2f}], kernels a step {per['reference']['kernels']:.0f} -> "
+                 f"{per['fused']['kernels']:.0f} (same tokens: {f['same_tokens']})"))
 spec = Path(sys.argv[1]).with_name("spec_decode.json")
 if spec.is_file():
     sd = json.loads(spec.read_text())

@@ -161,6 +161,16 @@ def test_cpu_step_profile_splits_a_decode_step_into_its_parts(tmp_path):
     assert 0 < split["other"] < split["step_ms"]
 
 
+def test_fused_step_benchmark_compares_both_decoders_and_counts_their_ops(tmp_path):
+    done = run([sys.executable, "fused_step.py", "--quick", "--device", "cpu", "--tokens", "8", "--repeats", "2",
+                "--threads", "1", "--json", str(tmp_path / "f.json")], ROOT / "benchmarks")
+    data = json.loads((tmp_path / "f.json").read_text())
+    assert data["same_tokens"] and "greedy tokens equal" in done.stdout
+    assert all(len(data["ms_per_step"][b]) == 2 for b in ("reference", "fused"))
+    # fewer ops a step is the fused path's point: q/k/v and gate/up one matmul, one call per norm
+    assert data["fused_per_step"]["torch ops"] < data["reference_per_step"]["torch ops"]
+
+
 def test_tiers_benchmark_prints_its_three_parts(tmp_path):
     out = run([sys.executable, "tiers.py", "--quick", "--json", str(tmp_path / "tiers.json")], ROOT / "benchmarks").stdout
     for part in ("\n1. ", "\n2. ", "\n3. "):

@@ -24,7 +24,7 @@ from minilm_engine.entrypoints.input_processor import SET_BY_CALLER, InputProces
 from minilm_engine.entrypoints.output_processor import streamable_len
 from minilm_engine.model import load_model, resolve_model_path
 from minilm_engine.model.loader import DEFAULT_MODEL
-from minilm_engine.model.fused_cpu import apply_model_backend, fused_weight_bytes, resolve_model_backend
+from minilm_engine.model.fused import apply_model_backend, fused_weight_bytes, resolve_model_backend
 from minilm_engine.core.outputs import RequestOutput
 from minilm_engine.model.quantization import weight_bytes
 from minilm_engine.model.quantization.setup import setup_quantization
@@ -45,9 +45,10 @@ class LLM:
             request alone can hold in the KV pool; `llm.kv_budget.describe()` shows why).
         quantization: None, "int8" or "int4" (`model/quantization/`), with its
             `quantization_config` (group_size, method "rtn" or "awq", calibration_texts, kernel).
-        model_backend: "reference" (`model/decoder.py`) or "fused" (`model/fused_cpu.py`, a CPU
-            only; it falls back to the reference where it cannot run).  Default:
-            `$MINILM_MODEL_BACKEND`, else "fused".
+        model_backend: "reference" (`model/decoder.py`) or "fused" (`model/fused.py`: on a CPU
+            the micro-kernel's, on a CUDA GPU Triton's small ops; it falls back to the
+            reference where it cannot run).  Default: `$MINILM_MODEL_BACKEND`, else "fused"
+            on a CPU and the reference on a GPU (its fused path not yet run on a card).
         **engine_args: `EngineConfig` fields (max_num_seqs, block_size, num_kv_blocks,
             enable_prefix_caching, scheduling_policy, speculative_config, ...).
     """
@@ -83,7 +84,7 @@ class LLM:
         self.tokenizer = _load_tokenizer(tokenizer or self.model_path)
         self.quantization = setup_quantization(self.model, self.tokenizer, quantization, quantization_config)
         backend, explicit = resolve_model_backend(model_backend)
-        self.model_backend = apply_model_backend(self.model, backend, warn=explicit)
+        self.model_backend = apply_model_backend(self.model, backend, explicit)
         limit = self.config.max_position_embeddings
         if max_model_len is not None and not (isinstance(max_model_len, int) and 1 < max_model_len <= limit):
             raise ValueError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")

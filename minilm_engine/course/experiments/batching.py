@@ -39,7 +39,7 @@ import torch
 from minilm_engine.course.noodle_corpus import sample_prompts
 from minilm_engine.course.machine import describe_machine
 from minilm_engine.course.baselines.contiguous_cache import ContiguousKVCache, forward_rows
-from minilm_engine.model.fused_cpu import fused_weight_bytes
+from minilm_engine.model.fused import fused_weight_bytes
 from minilm_engine.core.outputs import RequestOutput
 # one count of weight bytes for the package (a tied embedding once; a quantized layer's codes,
 # scales and offsets included); chapter 01 and the benchmarks import it from here
@@ -109,7 +109,7 @@ def measure_matmul_flops(
 def step_weight_bytes(model: torch.nn.Module) -> int:
     """The weight bytes one decode step reads: every parameter and buffer as loaded (quantized
     codes, scales, offsets) and the fused CPU path's packed weights, which are not parameters
-    (`model/fused_cpu.py`; the default backend fuses wherever it runs).  Every weight-read
+    (`model/fused.py`; the default backend fuses wherever it runs).  Every weight-read
     floor in the chapters divides this by a measured bandwidth (`LLM.weight_bytes` is the same
     sum, for an engine)."""
     return weight_bytes(model) + fused_weight_bytes(model)

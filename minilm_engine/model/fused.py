@@ -1,26 +1,30 @@
-"""The fast CPU path: the decoder's layers with fewer, faster ops, beside the readable decoder.
+"""The fast path: the decoder's layers with fewer, faster ops, beside the readable decoder.
 
 Contract: `apply_model_backend(model, "fused")` swaps, in every layer of a loaded `CausalLM`,
 the attention and the MLP for modules doing the same math (equal to float rounding, greedy
-tokens equal), and the norms and the head for kernel-backed ones; `model/decoder.py` is
-untouched and `"reference"` leaves the model as it is.  Where the path cannot run (not a CPU, a
-dtype other than fp32 / bf16) it warns with the reason and keeps the readable model; without the
-compiled micro-kernel (quantization/kernels/cpu_microkernel.cpp) it says why once and runs
-torch's ops.  `resolve_model_backend(None)` reads `$MINILM_MODEL_BACKEND` ("fused" when unset;
-a default that cannot run falls back quietly).
+tokens equal), and the norms (and, on a CPU, the head) for kernel-backed ones;
+`model/decoder.py` is untouched and `"reference"` leaves the model as it is.  On a CPU the
+kernels are the compiled micro-kernel's (quantization/kernels/cpu_microkernel.cpp; without it,
+it says why once and runs torch's ops); on a CUDA GPU the small ops are Triton kernels
+(`model/triton_fused_ops.py`) and the matmuls cuBLAS's over the concatenated weights.  Where
+the path cannot run (another device, no Triton on the GPU, a dtype other than fp32 / bf16 on
+the CPU) it warns with the reason and keeps the readable model.
+`resolve_model_backend(None)` reads `$MINILM_MODEL_BACKEND` ("fused" when unset; a default that
+cannot run falls back quietly).
 
     readable (decoder.py)                       fused (this file)
     x ─ q_proj, k_proj, v_proj ─ q, k, v        x ─ qkv_proj (one matmul) ─ q, k, v
     q_norm(q), k_norm(k), rotary(q), rotary(k)  norm_rotary_(q and k): one kernel call, in place
     down(silu(gate(x)) * up(x))                 down(silu_mul(gate_up(x))): one matmul, one call
     RMSNorm: ~8 torch ops                       rms_norm: one kernel call
-    every matmul: F.linear                      the micro-kernel's packed_mm on weights repacked
-                                                once in tiles of 16 rows (kernels/cpu_dense.py)
-    embed_tokens: nn.Embedding                  a tied table: rows read back from the head's
-                                                packed copy (one table)
+    every matmul: F.linear                      CPU: the micro-kernel's packed_mm on weights
+                                                repacked once in tiles of 16 rows
+                                                (kernels/cpu_dense.py); GPU: F.linear
+    embed_tokens: nn.Embedding                  CPU: a tied table's rows read back from the
+                                                head's packed copy (one table)
 
 Why: a decode step should cost one read of the weights, and at a few rows each small op costs
-its dispatch, not its arithmetic.  Quantized projections stay `QuantizedLinear`s under their
+its dispatch (a GPU kernel launch), not its arithmetic.  Quantized projections stay `QuantizedLinear`s under their
 checkpoint names, grouped by input (`QuantizedGroup`).  Without the micro-kernel bf16 weights
 are packed for oneDNN instead.
 """
@@ -45,6 +49,12 @@ MODEL_BACKENDS = ("reference", "fused")
 BACKEND_ENV = "MINILM_MODEL_BACKEND"
 DEFAULT_MODEL_BACKEND = "fused"  # where it cannot run, it falls back quietly (see the module doc)
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+# The GPU path's kernels pass their tests under the Triton interpreter but have not yet run on a
+# card (the GPU lent on 2026-12-04 was gone before they were written): on a GPU the default keeps
+# the readable model and "fused" runs them when asked for by name.  A GPU session that sees
+# `scripts/gpu_check.sh` pass with them (tests/test_triton_fused_ops.py, benchmarks/gpu_decode.py)
+# turns this on.
+FUSED_GPU_BY_DEFAULT = False
 
 
 class FusedLinear(nn.Module):
@@ -60,7 +70,7 @@ class FusedLinear(nn.Module):
         biases = [lin.bias for lin in linears]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self.num_weight_bytes = sum(t.numel() * t.element_size() for t in (weight, self.bias) if t is not None)
-        self.onednn_packed = micro is None and weight.dtype == torch.bfloat16
+        self.onednn_packed = micro is None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
         self.matmul = None if micro is None else PackedMatmul(weight, self.bias, micro)
         if self.matmul is not None:
             self.weight = None  # the packed tiles are the one copy
@@ -113,8 +123,8 @@ class HeadwiseRMSNorm(nn.Module):
 
 
 class KernelRMSNorm(nn.Module):
-    """`decoder.RMSNorm` in one call of the micro-kernel's `rms_norm` (the same steps, the sum of
-    squares in another order).  It holds the norm's own Parameter, so state_dict names stay."""
+    """`decoder.RMSNorm` in one call of `ops.rms_norm` (the micro-kernel's or Triton's: the same
+    steps, the sum of squares in another order).  It holds the norm's own Parameter, so state_dict names stay."""
 
     def __init__(self, norm: nn.Module, ops):
         super().__init__()
@@ -125,13 +135,14 @@ class KernelRMSNorm(nn.Module):
 
 
 class FusedAttention(nn.Module):
-    """`decoder.Attention` with q, k and v from one matmul, and q and k normalised and rotated
-    together (with the micro-kernel `micro`, its `norm_rotary_`, in place on the matmul's output;
-    without it torch's ops, the readable model's arithmetic on every element)."""
+    """`decoder.Attention` with q, k and v from one matmul (on the micro-kernel `micro` when
+    given), and q and k normalised and rotated together (with `ops`, the micro-kernel or
+    `TRITON_OPS`: its `norm_rotary_`, in place on the matmul's output; without, torch's ops, the
+    readable model's arithmetic on every element)."""
 
-    def __init__(self, attn: Attention, micro=None):
+    def __init__(self, attn: Attention, micro=None, ops=None):
         super().__init__()
-        self.layer_idx, self.ops = attn.layer_idx, micro
+        self.layer_idx, self.ops = attn.layer_idx, ops
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         if quantized([attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]):  # kept, under their names
             self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
@@ -166,12 +177,12 @@ class FusedAttention(nn.Module):
 
 
 class FusedMLP(nn.Module):
-    """`decoder.MLP` (SwiGLU) with gate and up from one matmul (and the micro-kernel's `silu_mul`
-    after it, when there is one)."""
+    """`decoder.MLP` (SwiGLU) with gate and up from one matmul (on the micro-kernel `micro` when
+    given), and `ops.silu_mul` after it when there are `ops`."""
 
-    def __init__(self, mlp: MLP, micro=None):
+    def __init__(self, mlp: MLP, micro=None, ops=None):
         super().__init__()
-        self.intermediate_size, self.ops = mlp.gate_proj.out_features, micro
+        self.intermediate_size, self.ops = mlp.gate_proj.out_features, ops
         if quantized([mlp.gate_proj, mlp.up_proj, mlp.down_proj]):  # kept, under their names
             self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
             self.gate_up_proj = QuantizedGroup([mlp.gate_proj, mlp.up_proj])
@@ -224,45 +235,67 @@ class PackedEmbedding(nn.Module):
 
 def fused_unavailable(model: CausalLM) -> str | None:
     """Why the fused path cannot run on `model`, or None when it can."""
+    layer = model.model.layers[0]
+    projections = {type(layer.self_attn.q_proj), type(layer.mlp.up_proj)}
+    if not projections <= {nn.Linear, QuantizedLinear}:
+        return f"the projections are {sorted(t.__name__ for t in projections)}, not nn.Linear or QuantizedLinear"
+    if model.device.type == "cuda":
+        from minilm_engine.model.attention.backends import triton_unavailable_reason
+
+        reason = triton_unavailable_reason(model.device, model.dtype)
+        return None if reason is None else f"on a GPU its small ops are Triton kernels, and {reason}"
     if model.device.type != "cpu":
-        return f"it is a CPU path and the model is on {model.device}"
+        return f"it runs on a CPU or a CUDA GPU, and the model is on {model.device}"
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
     if model.dtype not in PACKABLE_DTYPES:
         return f"oneDNN packs fp32 and bf16 weights here, and the model is {model.dtype}"
     if model.dtype == torch.bfloat16 and not native_bf16_matmul() and cpu_compiled.load() is None:
         return f"this CPU has no bf16 support in oneDNN, and no micro-kernel ({cpu_compiled.unavailable_reason()})"
-    layer = model.model.layers[0]
-    projections = {type(layer.self_attn.q_proj), type(layer.mlp.up_proj)}
-    if not projections <= {nn.Linear, QuantizedLinear}:
-        return f"the projections are {sorted(t.__name__ for t in projections)}, not nn.Linear or QuantizedLinear"
     return None
+
+
+def fuse_layers(model: CausalLM, micro=None, ops=None) -> CausalLM:
+    """Swap, in place, every layer's attention and MLP for the fused modules (matmuls on the
+    micro-kernel `micro` when given, else torch's), and, with `ops` (the micro-kernel or
+    `TRITON_OPS`), the norms for `KernelRMSNorm`s.  The old projection weights are dropped."""
+    for layer in model.model.layers:
+        layer.self_attn = FusedAttention(layer.self_attn, micro, ops)
+        layer.mlp = FusedMLP(layer.mlp, micro, ops)
+        if ops is not None:
+            layer.input_layernorm = KernelRMSNorm(layer.input_layernorm, ops)
+            layer.post_attention_layernorm = KernelRMSNorm(layer.post_attention_layernorm, ops)
+    if ops is not None:
+        model.model.norm = KernelRMSNorm(model.model.norm, ops)
+    return model
 
 
 @torch.no_grad()
 def fuse_for_cpu(model: CausalLM, microkernel: bool | None = None) -> CausalLM:
-    """Swap, in place, every layer's attention, MLP and norms for the fused modules and the head
-    for `MatVecHead` (the old projection weights are dropped; a tied table moves into the
-    head).  `microkernel`: None (the default) or True, the kernel wherever it builds (None warns
-    where it does not); False: nowhere (the benchmarks' "before": torch's matmuls)."""
+    """`fuse_layers` with the micro-kernel, and the head swapped for `MatVecHead` (a tied table
+    moves into the head).  `microkernel`: None (the default) or True, the kernel wherever it
+    builds (None warns where it does not); False: nowhere (the benchmarks' "before": torch's
+    matmuls)."""
     micro = None if microkernel is False else cpu_compiled.load()
     if micro is None and microkernel is not False:
         warnings.warn(f"fused CPU path without the micro-kernel ({cpu_compiled.unavailable_reason()}): "
                       "its matmuls run on torch (oneDNN / MKL)", stacklevel=3)
-    for layer in model.model.layers:
-        layer.self_attn = FusedAttention(layer.self_attn, micro)
-        layer.mlp = FusedMLP(layer.mlp, micro)
-        if micro is not None:
-            layer.input_layernorm = KernelRMSNorm(layer.input_layernorm, micro)
-            layer.post_attention_layernorm = KernelRMSNorm(layer.post_attention_layernorm, micro)
-    if micro is not None:
-        model.model.norm = KernelRMSNorm(model.model.norm, micro)
+    fuse_layers(model, micro, micro)
     if type(model.lm_head) is nn.Linear and model.lm_head.bias is None:
         tied = model.lm_head.weight is model.model.embed_tokens.weight
         model.lm_head = MatVecHead(model.lm_head, micro)
         if tied and isinstance(model.lm_head.matmul, PackedMatmul):  # the table now lives in the head
             model.model.embed_tokens = PackedEmbedding(model.lm_head.matmul)
     return model
+
+
+@torch.no_grad()
+def fuse_for_gpu(model: CausalLM) -> CausalLM:
+    """`fuse_layers` with the Triton kernels for the small ops and cuBLAS for the matmuls; the
+    head stays `nn.Linear` (one matmul that already reads its table at the copy bandwidth)."""
+    from minilm_engine.model.triton_fused_ops import TRITON_OPS
+
+    return fuse_layers(model, None, TRITON_OPS)
 
 
 def resolve_model_backend(requested: str | None) -> tuple[str, bool]:
@@ -275,19 +308,20 @@ def resolve_model_backend(requested: str | None) -> tuple[str, bool]:
     return backend, False
 
 
-def apply_model_backend(model: CausalLM, backend: str, warn: bool = True) -> str:
+def apply_model_backend(model: CausalLM, backend: str, explicit: bool = True) -> str:
     """Apply `backend` ("reference" or "fused") to a loaded model; returns the one in use.
-    `warn`: say why where "fused" falls back (False: fall back quietly)."""
+    `explicit`: asked for by name, so say why where "fused" falls back (False, the default
+    backend: fall back quietly, and on a GPU fuse only when `FUSED_GPU_BY_DEFAULT`)."""
     if backend not in MODEL_BACKENDS:
         raise ValueError(f"model_backend must be one of {MODEL_BACKENDS}, got {backend!r}")
-    if backend == "reference":
-        return backend
+    if backend == "reference" or (model.device.type == "cuda" and not explicit and not FUSED_GPU_BY_DEFAULT):
+        return "reference"
     reason = fused_unavailable(model)
     if reason is not None:
-        if warn:
+        if explicit:
             warnings.warn(f"model_backend='fused' falls back to the readable model: {reason}", stacklevel=3)
         return "reference"
-    fuse_for_cpu(model)
+    (fuse_for_gpu if model.device.type == "cuda" else fuse_for_cpu)(model)
     return backend
 
 

@@ -1,4 +1,4 @@
-"""Tests for minilm_engine.model.fused_cpu: the fused CPU path against the readable decoder.
+"""Tests for minilm_engine.model.fused: the fused CPU path against the readable decoder.
 
 The fused path changes how the matmuls run, not the math, so greedy decoding must give the
 same tokens as the readable model on every tiny checkpoint (each family: q/k/v biases, q/k
@@ -17,7 +17,7 @@ from minilm_engine.model.device import native_bf16_matmul
 from minilm_engine import LLM, SamplingParams
 from minilm_engine.model.attention.reference import NoKVCache
 from minilm_engine.model.decoder import MLP, Attention
-from minilm_engine.model.fused_cpu import (
+from minilm_engine.model.fused import (
     FusedAttention, FusedLinear, FusedMLP, MatVecHead, apply_model_backend, fuse_for_cpu,
 )
 from minilm_engine.model.quantization.kernels import cpu_compiled, cpu_dense
@@ -117,7 +117,7 @@ def test_the_default_backend_comes_from_the_environment(checkpoints, monkeypatch
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_headwise_norm_is_each_heads_own_norm_bit_for_bit(dtype):
     from minilm_engine.model.decoder import RMSNorm
-    from minilm_engine.model.fused_cpu import HeadwiseRMSNorm
+    from minilm_engine.model.fused import HeadwiseRMSNorm
 
     q_norm, k_norm = RMSNorm(8, 1e-6), RMSNorm(8, 1e-6)
     with torch.no_grad():
@@ -186,7 +186,7 @@ def test_quantized_models_run_the_fused_path_with_the_readable_tokens(checkpoint
     # The quantized projections stay themselves (their codes, their CPU kernel, their names);
     # the layer around them and the head run fused.  The same bits per projection, so the
     # same greedy tokens, one request and a batch.
-    from minilm_engine.model.fused_cpu import QuantizedGroup
+    from minilm_engine.model.fused import QuantizedGroup
     from minilm_engine.model.quantization.linear import QuantizedLinear
 
     reference, fused = engines(checkpoint.path, quantization=scheme, quantization_config={"kernel": "cpu"})
