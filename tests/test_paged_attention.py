@@ -399,6 +399,60 @@ def test_cpu_backend_at_model_head_sizes(kind, head_dim, dtype, cpu_attention_ke
         assert plan.covers_all_rows == (kind == "decodes") and len(plan.chunks) == (2 if kind == "mixed" else 0), path
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_decode_kernel_splits_long_contexts_and_merges_them_exactly(dtype, threads, cpu_attention_kernel):
+    # Contexts long enough to be cut into several parts of up to 512 tokens (parts of whole
+    # blocks, ending mid-block at the context's end), beside a 1-token and a 1-block one:
+    # the merged softmax must be the reference's.
+    rng, gen = random.Random(7), torch.Generator().manual_seed(7)
+    block_size, num_kv_heads, num_heads, head_dim = 16, 2, 6, 64
+    lengths = [1, 16, 700, 1500]
+    blocks = [-(-n // block_size) for n in lengths]
+    ids = list(range(sum(blocks)))
+    rng.shuffle(ids)
+    seqs = []
+    for length, n in zip(lengths, blocks):
+        table, ids = ids[:n], ids[n:]
+        keys, values = (4 * torch.randn(2, length, num_kv_heads, head_dim, generator=gen)).to(dtype)
+        queries = torch.randn(1, num_heads, head_dim, generator=gen).to(dtype)
+        seqs.append(PagedSeq(keys, values, queries, table))
+    shape = (sum(blocks), block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.full(shape, float("nan"), dtype=dtype), torch.full(shape, float("nan"), dtype=dtype)
+    write_prefix(seqs, k_cache, v_cache, random.Random(0))
+    q, k, v, meta = this_step(seqs, block_size)
+    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    # The reference in float32 on the same values: in bf16 it rounds every score and probability
+    # (off by up to 0.13 over 1,500 sharp ones), where the kernel keeps them in float32.
+    want = paged_attention_reference(q.float(), k_cache.float(), v_cache.float(), meta)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = CpuBackend(cpu_attention_kernel).attend(q, k_cache, v_cache, meta)
+    finally:
+        torch.set_num_threads(before)
+    # bf16: one rounding of outputs of size ~1 (2^-8 relative), and a little more
+    tolerance = {} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 8e-3}
+    torch.testing.assert_close(got.float(), want, **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_kv_write_equals_the_reference(dtype, cpu_attention_kernel):
+    gen = torch.Generator().manual_seed(3)
+    shape = (6, 4, 3, 40)  # 24 slots of 3 heads of 40
+    want, got = (torch.full(shape, float("nan"), dtype=dtype) for _ in range(2))
+    want_v, got_v = (torch.full(shape, float("nan"), dtype=dtype) for _ in range(2))
+    # k and v as the fused path hands them over: views of one wider row per token
+    qkv = torch.randn(5, 3 + 3 + 3, 40, generator=gen).to(dtype)
+    k, v = qkv[:, 3:6], qkv[:, 6:]
+    slots = torch.tensor([23, 0, 9, 4, 17])
+    write_kv_reference(want, want_v, k, v, slots)
+    CpuBackend(cpu_attention_kernel).write_kv(got, got_v, k, v, slots)
+    assert torch.equal(got.nan_to_num(-1), want.nan_to_num(-1)) and torch.equal(got_v.nan_to_num(-1), want_v.nan_to_num(-1))
+    with pytest.raises(RuntimeError, match="slot outside the cache"):
+        cpu_attention_kernel.write_kv(got, got_v, k, v, torch.tensor([0, 1, 2, 3, 24]))
+
+
 def test_auto_is_the_cpu_backend_on_a_cpu(cpu_attention_kernel):
     from minilm_engine.model.attention.backends import get_attention_backend
 

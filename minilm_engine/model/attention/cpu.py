@@ -4,9 +4,11 @@ Contract: `CpuBackend` is an `AttentionBackend` (`backends.py`) whose `attend` g
 torch reference (`paged.paged_attention_reference`) gives, to float rounding, for any step.  It
 is what "auto" runs on a CPU.  Its plan (`CpuPlan`) is built once per step from the host copies.
 
+    K/V write                `write_kv` (cpu_paged_decode.cpp): a copy per token into its slot
     decodes (1 query each)   `paged_decode` (cpu_paged_decode.cpp): each key and value read once
-                             where it lies in its block, all decodes in one call; without the
-                             compiled kernel, SDPA over a copy of their keys
+                             where it lies in its block, all decodes in one call, long contexts
+                             split into parts across the threads; without the compiled kernel,
+                             SDPA over a copy of their keys
     prompts and chunks       per sequence, torch's SDPA (a flash kernel: the T x L scores are
                              never written) over its blocks, causal from the bottom right
 
@@ -25,7 +27,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from minilm_engine.model.attention import cpu_compiled
 from minilm_engine.model.attention.backends import AttentionBackend
-from minilm_engine.model.attention.paged import PagedAttentionMetadata
+from minilm_engine.model.attention.paged import PagedAttentionMetadata, write_kv_reference
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what cpu_paged_decode.cpp reads
 
@@ -130,6 +132,16 @@ class CpuBackend(AttentionBackend):
 
     def plan(self, meta: PagedAttentionMetadata, block_size: int, num_kv_heads: int) -> CpuPlan:
         return plan_cpu_attention(meta, block_size, num_kv_heads)
+
+    def write_kv(self, k_cache, v_cache, k, v, slot_mapping: torch.Tensor) -> None:
+        """k, v: (N, H_kv, D) -> their slots, by the compiled copy where it reads them (heads
+        dense, the cache's dtype), else the reference's indexing."""
+        dense = all(x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] for x in (k, v))
+        if (self.micro is not None and dense and k.dtype == k_cache.dtype == v.dtype and k_cache.is_contiguous()
+                and v_cache.is_contiguous() and slot_mapping.dtype == torch.int64):
+            self.micro.write_kv(k_cache, v_cache, k, v, slot_mapping)
+        else:
+            write_kv_reference(k_cache, v_cache, k, v, slot_mapping)
 
     def _decodes(self, q, k_cache, v_cache, group: DecodeGroup) -> torch.Tensor:
         if self.micro is not None and q.dtype in KERNEL_DTYPES and k_cache.is_contiguous():

@@ -1,5 +1,7 @@
 // Decode attention straight from the paged KV cache: one query token per sequence, each key and
-// value read once, where it lies in its block (no gather, no padded copy).
+// value read once, where it lies in its block (no gather, no padded copy); and the step's keys
+// and values written into their slots (`write_kv`, attention/paged.py's write_kv_reference
+// without its indexing op's dispatch: ~15 us a layer here, for a copy of a few KiB).
 //
 // Contract: out (S, H, D) = softmax(q k^T / sqrt(D)) v for each sequence s over its
 // context_lens[s] cached tokens, the slot of token t being
@@ -8,6 +10,11 @@
 // dtype), accumulated in float32, rounded once to q's dtype.  Grouped-query heads: query head h
 // reads K/V head h / (H / H_kv).  Built at run time by attention/cpu_compiled.py; the tests hold
 // it equal to the readable reference (attention/paged.py) to float rounding.
+//
+// Each sequence's context is cut into parts of whole blocks (at most 512 tokens, enough parts
+// to give every thread a few: one long sequence is split too, as flash-decoding splits it);
+// a part reads its tokens front to back, every K/V head of a token side by side, and keeps its
+// own softmax maximum and sum; the parts are then merged, each rescaled to the largest maximum.
 //
 // Why: the reference gathers every sequence's keys and values into a padded (S, H_kv, L, D)
 // copy per layer (a read and a write of all of them) before reading them again for the
@@ -89,6 +96,25 @@ void from_split_order(const float* src, int64_t D, float scale, T* dst) {
   for (int64_t d = d_vec; d < D; ++d) dst[d] = static_cast<T>(src[d] * scale);
 }
 
+// The sum of a vector's N lanes, halving in registers (a loop over the lanes is N dependent adds).
+template <int N>
+inline float lane_sum(const void* v) {
+  if constexpr (N <= 2) {
+    float two[2];
+    std::memcpy(two, v, sizeof(two));
+    return two[0] + two[1];
+  } else {
+    typedef float vh __attribute__((vector_size(N / 2 * sizeof(float))));
+    vh lo, hi;
+    std::memcpy(&lo, v, sizeof(lo));
+    std::memcpy(&hi, static_cast<const char*>(v) + sizeof(lo), sizeof(hi));
+    const vh half = lo + hi;
+    return lane_sum<N / 2>(&half);
+  }
+}
+template <int N>
+inline float lane_sum(const vfloat& v) { return lane_sum<N>(static_cast<const void*>(&v)); }
+
 // scores[j] = q_j . k for the g queries j < g (split order, float; q_j at q + j * D) and one key
 // k (D elements of T): the key is loaded and widened once for all of them.
 constexpr int MAX_G = 8;  // queries per pass over a key (more run in several passes)
@@ -110,11 +136,8 @@ inline void dots(const float* q, int g, const T* k, int64_t D, float* scores) {
       for (int j = 0; j < g; ++j) acc[j] += load_vector<vfloat>(q + j * D + c) * kv;
     }
   }
-  float lanes[MAX_G][V];
-  std::memcpy(lanes, acc, sizeof(lanes));
   for (int j = 0; j < g; ++j) {
-    float sum = 0.0f;
-    for (int i = 0; i < V; ++i) sum += lanes[j][i];
+    float sum = lane_sum<V>(acc[j]);
     for (int64_t d = d_vec; d < D; ++d) sum += q[j * D + d] * as_float(k[d]);
     scores[j] = sum;
   }
@@ -141,51 +164,137 @@ inline void axpy(float p, const T* v, int64_t D, float* acc) {
   for (int64_t d = d_vec; d < D; ++d) acc[d] += p * as_float(v[d]);
 }
 
+// A vector's worth of exp: exp(x) = 2^n * e^r, n = round(x / ln 2), r = x - n ln 2 in
+// [-ln2/2, ln2/2], e^r by its degree-6 Taylor polynomial (relative error below 2e-7, about
+// one float rounding).  Scores are at most 0 here (minus their maximum), and below -87.3 exp is
+// 0 in float32 anyway: they are clamped there, so 2^n stays a normal float.
+inline vfloat exp_vector(vfloat x) {
+  const vfloat lo = x * 0.0f - 87.3f;
+  x = x < lo ? lo : x;
+  // round to nearest by the 1.5 * 2^23 trick (exact for |x / ln 2| < 2^22; no -ffast-math here)
+  const vfloat n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  const vfloat r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;  // ln 2 in two parts
+  vfloat poly = r * (1.0f / 720) + 1.0f / 120;
+  poly = poly * r + 1.0f / 24;
+  poly = poly * r + 1.0f / 6;
+  poly = poly * r + 0.5f;
+  poly = poly * r + 1.0f;
+  poly = poly * r + 1.0f;
+  typedef int32_t vi32 __attribute__((vector_size(V * sizeof(int32_t))));
+  const vi32 bits = (__builtin_convertvector(n, vi32) + 127) << 23;  // 2^n as a float's bits
+  vfloat two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  return poly * two_n;
+}
+
+// row[0..n) = exp(row - top), returns their sum
+inline float exp_sum(float* row, int64_t n, float top) {
+  vfloat sums = {};
+  int64_t t = 0;
+  for (; t + V <= n; t += V) {
+    const vfloat e = exp_vector(load_vector<vfloat>(row + t) - top);
+    std::memcpy(row + t, &e, sizeof(e));
+    sums += e;
+  }
+  float lanes[V], sum = 0.0f;
+  std::memcpy(lanes, &sums, sizeof(lanes));
+  for (int i = 0; i < V; ++i) sum += lanes[i];
+  for (; t < n; ++t) {
+    float tail[V] = {};
+    tail[0] = row[t] - top;
+    const vfloat e = exp_vector(load_vector<vfloat>(tail));
+    sum += (row[t] = e[0]);
+  }
+  return sum;
+}
+
+// One part of one sequence: its tokens [t_begin, t_end), every head.  Token t's K/V heads lie
+// side by side (H_kv * D elements), so the part reads its blocks front to back, each byte once.
+// Out: acc (H, D) the unnormalised sum of p * v (split order), top (H) the largest score and
+// sum (H) the sum of exp(score - top), for the merge across parts.
+template <typename T>
+void attend_part(const float* qf, const T* k_cache, const T* v_cache, const int64_t* table, int64_t t_begin,
+                 int64_t t_end, int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale,
+                 std::vector<float>& scores, float* acc, float* top, float* sum) {
+  const int64_t G = H / H_kv, P = t_end - t_begin;
+  scores.resize(H * P);
+  auto for_each_token = [&](const T* cache, auto&& fn) {  // block by block: no division per token
+    for (int64_t t = t_begin; t < t_end;) {
+      const int64_t o0 = t % block_size, n = std::min(block_size - o0, t_end - t);
+      const T* base = cache + table[t / block_size] * block_size * H_kv * D;
+      for (int64_t o = 0; o < n; ++o) fn(t - t_begin + o, base + (o0 + o) * H_kv * D);
+      t += n;
+    }
+  };
+  float token_scores[MAX_G];
+  for_each_token(k_cache, [&](int64_t i, const T* k) {  // pass 1: each key read once for its G queries
+    for (int64_t g = 0; g < H_kv; ++g)
+      for (int64_t j0 = 0; j0 < G; j0 += MAX_G) {
+        const int g_pass = static_cast<int>(std::min<int64_t>(MAX_G, G - j0));
+        dots(qf + (g * G + j0) * D, g_pass, k + g * D, D, token_scores);
+        for (int j = 0; j < g_pass; ++j) scores[(g * G + j0 + j) * P + i] = token_scores[j] * scale;
+      }
+  });
+  for (int64_t h = 0; h < H; ++h) {  // softmax numerators, in float32
+    float* row = scores.data() + h * P;
+    top[h] = *std::max_element(row, row + P);
+    sum[h] = exp_sum(row, P, top[h]);
+  }
+  std::fill(acc, acc + H * D, 0.0f);
+  for_each_token(v_cache, [&](int64_t i, const T* v) {  // pass 2: each value read once for its G queries
+    for (int64_t h = 0; h < H; ++h) axpy(scores[h * P + i], v + (h / G) * D, D, acc + h * D);
+  });
+}
+
 template <typename T>
 void decode(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_tables, int64_t W,
             const int64_t* context_lens, int64_t S, int64_t H, int64_t H_kv, int64_t D, int64_t block_size,
             float scale, T* out) {
-  const int64_t G = H / H_kv;  // query heads per K/V head
-  at::parallel_for(0, S * H_kv, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> qf, acc, scores;
-    for (int64_t task = t0; task < t1; ++task) {
-      const int64_t s = task / H_kv, g = task % H_kv, L = context_lens[s];
-      const int64_t* table = block_tables + s * W;
-      qf.assign(G * D, 0.0f);
-      acc.assign(G * D, 0.0f);
-      scores.resize(G * L);
-      for (int64_t j = 0; j < G; ++j) to_split_order(q + (s * H + g * G + j) * D, D, qf.data() + j * D);
-      // Token t of the sequence sits in block table[t / block_size], at offset t % block_size:
-      // walked block by block, so no division per token.
-      auto for_each_token = [&](const T* cache, auto&& fn) {
-        for (int64_t t0 = 0, b = 0; t0 < L; t0 += block_size, ++b) {
-          const T* base = cache + (table[b] * block_size * H_kv + g) * D;
-          const int64_t n = std::min(block_size, L - t0);
-          for (int64_t o = 0; o < n; ++o) fn(t0 + o, base + o * H_kv * D);
-        }
-      };
-      std::vector<float> token_scores(G);
-      for_each_token(k_cache, [&](int64_t t, const T* k) {  // pass 1: each key read once for the G queries
-        for (int64_t j0 = 0; j0 < G; j0 += MAX_G) {
-          const int g_pass = static_cast<int>(std::min<int64_t>(MAX_G, G - j0));
-          dots(qf.data() + j0 * D, g_pass, k, D, token_scores.data() + j0);
-        }
-        for (int64_t j = 0; j < G; ++j) scores[j * L + t] = token_scores[j] * scale;
-      });
-      std::vector<float> inv_sum(G);
-      for (int64_t j = 0; j < G; ++j) {  // softmax, in float32
-        float* row_scores = scores.data() + j * L;
-        float top = row_scores[0];
-        for (int64_t t = 1; t < L; ++t) top = std::max(top, row_scores[t]);
-        float sum = 0.0f;
-        for (int64_t t = 0; t < L; ++t) sum += (row_scores[t] = std::exp(row_scores[t] - top));
-        inv_sum[j] = 1.0f / sum;
+  // Each sequence's context in parts of whole blocks, enough parts for every thread a few
+  // times over (one sequence of a long context is split too: flash-decoding's split), at most
+  // MAX_PART tokens (a part's scores stay in the core's cache).
+  constexpr int64_t MAX_PART = 512, MIN_PART = 32;
+  int64_t total = 0;
+  for (int64_t s = 0; s < S; ++s) total += context_lens[s];
+  const int64_t want = (total + 4 * at::get_num_threads() - 1) / (4 * at::get_num_threads());
+  int64_t part = std::min(MAX_PART, std::max(MIN_PART, want));
+  part = std::max(block_size, part / block_size * block_size);
+  std::vector<int64_t> first_part(S + 1, 0);  // parts of sequence s: first_part[s] .. first_part[s + 1] - 1
+  for (int64_t s = 0; s < S; ++s) first_part[s + 1] = first_part[s] + (context_lens[s] + part - 1) / part;
+  const int64_t num_parts = first_part[S];
+  std::vector<float> qf(S * H * D);  // the queries in split order, once
+  at::parallel_for(0, S * H, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) to_split_order(q + r * D, D, qf.data() + r * D);
+  });
+  std::vector<float> acc(num_parts * H * D), top(num_parts * H), sum(num_parts * H);
+  at::parallel_for(0, num_parts, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> scores;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t s = std::upper_bound(first_part.begin(), first_part.end(), p) - first_part.begin() - 1;
+      const int64_t t_begin = (p - first_part[s]) * part, t_end = std::min(context_lens[s], t_begin + part);
+      attend_part(qf.data() + s * H * D, k_cache, v_cache, block_tables + s * W, t_begin, t_end, H, H_kv, D,
+                  block_size, scale, scores, acc.data() + p * H * D, top.data() + p * H, sum.data() + p * H);
+    }
+  });
+  // Merge each head's parts: rescale each to the largest score of all, then divide by the total.
+  at::parallel_for(0, S * H, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<float> merged(D);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t s = r / H, h = r % H, p0 = first_part[s], p1 = first_part[s + 1];
+      if (p1 - p0 == 1) {  // one part: nothing to rescale
+        from_split_order(acc.data() + (p0 * H + h) * D, D, 1.0f / sum[p0 * H + h], out + r * D);
+        continue;
       }
-      for_each_token(v_cache, [&](int64_t t, const T* v) {  // pass 2: each value read once for the G queries
-        for (int64_t j = 0; j < G; ++j) axpy(scores[j * L + t], v, D, acc.data() + j * D);
-      });
-      for (int64_t j = 0; j < G; ++j)
-        from_split_order(acc.data() + j * D, D, inv_sum[j], out + (s * H + g * G + j) * D);
+      float best = top[p0 * H + h], total_sum = 0.0f;
+      for (int64_t p = p0 + 1; p < p1; ++p) best = std::max(best, top[p * H + h]);
+      std::fill(merged.begin(), merged.end(), 0.0f);
+      for (int64_t p = p0; p < p1; ++p) {
+        const float w = std::exp(top[p * H + h] - best);
+        total_sum += w * sum[p * H + h];
+        const float* a = acc.data() + (p * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) merged[d] += w * a[d];
+      }
+      from_split_order(merged.data(), D, 1.0f / total_sum, out + r * D);
     }
   });
 }
@@ -225,4 +334,31 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
     decode(q.data_ptr<at::BFloat16>(), k_cache.data_ptr<at::BFloat16>(), v_cache.data_ptr<at::BFloat16>(), tables,
            W, lens, S, H, H_kv, D, block_size, scale, out.data_ptr<at::BFloat16>());
   return out;
+}
+
+// k, v (N, H_kv, D), heads dense (a view of the fused qkv output may have any token stride) ->
+// token i's heads copied to slot slot_mapping[i] of caches of (num_blocks, block_size, H_kv, D)
+void write_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& slot_mapping) {
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
+              v_cache.is_contiguous(), "k_cache and v_cache must be contiguous (num_blocks, block_size, H_kv, D)");
+  const int64_t H_kv = k_cache.size(2), D = k_cache.size(3), slots = k_cache.size(0) * k_cache.size(1);
+  for (const at::Tensor* x : {&k, &v})
+    TORCH_CHECK(x->dim() == 3 && x->size(1) == H_kv && x->size(2) == D && x->stride(2) == 1 && x->stride(1) == D &&
+                x->scalar_type() == k_cache.scalar_type(), "k and v must be (N, H_kv, D), heads dense, in the cache's dtype");
+  const int64_t N = k.size(0);
+  TORCH_CHECK(v.size(0) == N && slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == N &&
+              slot_mapping.is_contiguous(), "slot_mapping must be a contiguous (N,) int64 tensor");
+  const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  for (int64_t i = 0; i < N; ++i) TORCH_CHECK(slot[i] >= 0 && slot[i] < slots, "slot outside the cache");
+  const int64_t row_bytes = H_kv * D * k.element_size();
+  auto* kc = static_cast<char*>(k_cache.data_ptr());
+  auto* vc = static_cast<char*>(v_cache.data_ptr());
+  const auto* kp = static_cast<const char*>(k.data_ptr());
+  const auto* vp = static_cast<const char*>(v.data_ptr());
+  const int64_t k_stride = k.stride(0) * k.element_size(), v_stride = v.stride(0) * v.element_size();
+  for (int64_t i = 0; i < N; ++i) {
+    std::memcpy(kc + slot[i] * row_bytes, kp + i * k_stride, row_bytes);
+    std::memcpy(vc + slot[i] * row_bytes, vp + i * v_stride, row_bytes);
+  }
 }
