@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from minilm_engine.model.quantization import schemes
+from minilm_engine.model.attention import cpu_compiled as attention_cpu_compiled
 from minilm_engine.model.quantization.kernels import cpu, cpu_compiled, cpu_dense
 
 
@@ -131,9 +132,11 @@ def test_norms_rotary_and_silu_mul_are_the_readable_ops(micro, dtype):
     assert micro.norm_rotary_(qk, weight, 1e-6, cos, sin).data_ptr() == qkv.data_ptr()  # in place
     torch.testing.assert_close(qk, want, **tol)
     assert torch.equal(qkv[:, H * D :], v)
-    gate_up = torch.randn(3, 2 * 40).to(dtype)
-    gate, up = gate_up.split(40, dim=-1)
-    torch.testing.assert_close(micro.silu_mul(gate_up), F.silu(gate) * up, **tol)
+    for width in (40, 3072):  # a vector tail; several spans of 1,024 (a decode row of the 0.6B shape)
+        gate_up = torch.randn(3, 2 * width).to(dtype)
+        gate_up[0, :width] = torch.linspace(-100, 100, width)  # exp's clamps, both ends
+        gate, up = gate_up.split(width, dim=-1)
+        torch.testing.assert_close(micro.silu_mul(gate_up), F.silu(gate) * up, **tol)
 
 
 def test_bad_shapes_are_refused_with_a_message(micro):
@@ -178,6 +181,25 @@ def test_each_torch_install_gets_its_own_build(monkeypatch):
     assert cpu_compiled.build_name() == here  # stable within one install
     monkeypatch.setattr(cpu_build, "torch_install", lambda: "2.11.0 /elsewhere/site-packages/torch")
     assert cpu_compiled.build_name() != here
+
+
+def test_a_shared_header_is_pasted_in_and_changes_the_build_name(tmp_path, monkeypatch):
+    from minilm_engine.model import cpu_build
+
+    (tmp_path / "kernels").mkdir()
+    header = tmp_path / "shared.h"
+    header.write_text("inline int twice(int x) { return 2 * x; }\n")
+    source = tmp_path / "kernels" / "k.cpp"
+    source.write_text('#include <vector>\n#include "../shared.h"  // twice\nint f() { return twice(3); }\n')
+    text = cpu_build.read_source(source)
+    assert "#include <vector>" in text and "return 2 * x;" in text and '"../shared.h"' not in text.split("\n")[1]
+    extension = cpu_build.Extension("test_kernel", source, ("f",), "a test kernel", "nothing")
+    before = extension.name()
+    header.write_text("inline int twice(int x) { return x + x; }\n")
+    assert extension.name() != before  # a header's change rebuilds what includes it
+    # the shipped kernels include the shared vector math, and it is installed beside them
+    for kernel in (cpu_compiled.EXTENSION, attention_cpu_compiled.EXTENSION):
+        assert "inline vfloat exp_vector" in cpu_build.read_source(kernel.source_path)
 
 
 def test_switched_off_it_says_why(monkeypatch):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import shutil
 import warnings
 
@@ -87,6 +88,21 @@ def build(name: str, source: str, functions: tuple[str, ...]):
     return module, None
 
 
+def read_source(path) -> str:
+    """The C++ source at `path`, each `#include "file"` line (a path relative to `path`'s folder)
+    replaced by that file's text: `load_inline` compiles one string, and the build name hashes
+    this text, so a shared header's change rebuilds the kernels that include it."""
+    lines = []
+    for line in path.read_text().splitlines(keepends=True):
+        match = re.match(r'\s*#include "([^"]+)"', line)
+        if match is None:
+            lines.append(line)
+            continue
+        included = path.parent / match.group(1)
+        lines.append(f"// ---- {match.group(1)}, pasted by cpu_build.read_source\n{read_source(included)}\n")
+    return "".join(lines)
+
+
 class Extension:
     """One compiled module, built at most once per process on first `load()`.  A failed build
     warns once, naming what runs instead (`fallback`); a missing tool or the switch set to "0"
@@ -100,13 +116,13 @@ class Extension:
 
     def name(self) -> str:
         """The extension's name: one per (CPU flags, -march, torch, source, exported functions)."""
-        return build_name(self.prefix, self.source_path.read_text(), self.functions, self.flags())
+        return build_name(self.prefix, read_source(self.source_path), self.functions, self.flags())
 
     def load(self):
         if self.tried:
             return self.module
         self.tried = True
-        self.module, self.reason = build(self.name(), self.source_path.read_text(), self.functions)
+        self.module, self.reason = build(self.name(), read_source(self.source_path), self.functions)
         if self.module is None and self.reason.startswith("the build failed"):
             warnings.warn(f"{self.what}: {self.reason}; using {self.fallback}", stacklevel=2)
         return self.module

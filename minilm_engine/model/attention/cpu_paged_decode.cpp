@@ -45,6 +45,7 @@ constexpr int V = 8;   // AVX2, and two NEON registers per vector on aarch64
 #endif
 typedef float vfloat __attribute__((vector_size(V * sizeof(float))));
 typedef uint32_t vu32 __attribute__((vector_size(V * sizeof(uint32_t))));
+#include "../cpu_vector_math.h"  // exp_vector, lane_sum
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "bf16 pairs are read as little-endian words");
 
 template <typename V_, typename P>
@@ -96,25 +97,6 @@ void from_split_order(const float* src, int64_t D, float scale, T* dst) {
   for (int64_t d = d_vec; d < D; ++d) dst[d] = static_cast<T>(src[d] * scale);
 }
 
-// The sum of a vector's N lanes, halving in registers (a loop over the lanes is N dependent adds).
-template <int N>
-inline float lane_sum(const void* v) {
-  if constexpr (N <= 2) {
-    float two[2];
-    std::memcpy(two, v, sizeof(two));
-    return two[0] + two[1];
-  } else {
-    typedef float vh __attribute__((vector_size(N / 2 * sizeof(float))));
-    vh lo, hi;
-    std::memcpy(&lo, v, sizeof(lo));
-    std::memcpy(&hi, static_cast<const char*>(v) + sizeof(lo), sizeof(hi));
-    const vh half = lo + hi;
-    return lane_sum<N / 2>(&half);
-  }
-}
-template <int N>
-inline float lane_sum(const vfloat& v) { return lane_sum<N>(static_cast<const void*>(&v)); }
-
 // scores[j] = q_j . k for the g queries j < g (split order, float; q_j at q + j * D) and one key
 // k (D elements of T): the key is loaded and widened once for all of them.
 constexpr int MAX_G = 8;  // queries per pass over a key (more run in several passes)
@@ -162,29 +144,6 @@ inline void axpy(float p, const T* v, int64_t D, float* acc) {
     }
   }
   for (int64_t d = d_vec; d < D; ++d) acc[d] += p * as_float(v[d]);
-}
-
-// A vector's worth of exp: exp(x) = 2^n * e^r, n = round(x / ln 2), r = x - n ln 2 in
-// [-ln2/2, ln2/2], e^r by its degree-6 Taylor polynomial (relative error below 2e-7, about
-// one float rounding).  Scores are at most 0 here (minus their maximum), and below -87.3 exp is
-// 0 in float32 anyway: they are clamped there, so 2^n stays a normal float.
-inline vfloat exp_vector(vfloat x) {
-  const vfloat lo = x * 0.0f - 87.3f;
-  x = x < lo ? lo : x;
-  // round to nearest by the 1.5 * 2^23 trick (exact for |x / ln 2| < 2^22; no -ffast-math here)
-  const vfloat n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-  const vfloat r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;  // ln 2 in two parts
-  vfloat poly = r * (1.0f / 720) + 1.0f / 120;
-  poly = poly * r + 1.0f / 24;
-  poly = poly * r + 1.0f / 6;
-  poly = poly * r + 0.5f;
-  poly = poly * r + 1.0f;
-  poly = poly * r + 1.0f;
-  typedef int32_t vi32 __attribute__((vector_size(V * sizeof(int32_t))));
-  const vi32 bits = (__builtin_convertvector(n, vi32) + 127) << 23;  // 2^n as a float's bits
-  vfloat two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  return poly * two_n;
 }
 
 // row[0..n) = exp(row - top), returns their sum
