@@ -1,8 +1,9 @@
 """A decode step against this machine's roofline, with and without the CPU micro-kernel.
 
 Measures the read bandwidth (a large read-only reduction) and the fp32 matmul FLOP/s, then times
-decode steps of a Qwen3-0.6B-shaped model (`course/known_configs.py`, random weights) at each
-batch size and precision, twice: with the micro-kernel (the default: fp32 / bf16 on the fused
+the engine's decode steps (`LLM.engine.step` with every request decoding, as issue 32 measured
+them: scheduling, paged attention and sampling included) of a Qwen3-0.6B-shaped model
+(`course/known_configs.py`, random weights) at each batch size and precision, twice: with the micro-kernel (the default: fp32 / bf16 on the fused
 CPU path, weights packed for `packed_mm`; int8 / int4 weight-only, `int8_mm` / `int4_mm`, the
 head packed) and without it (torch's matmuls or weight-only operators, the
 path before it).  int8 / int4 run with bf16 activations where this CPU multiplies bf16
@@ -45,7 +46,7 @@ from torch import nn
 from common import QUICK_OVERRIDES, QWEN3_0_6B, add_threads_option, apply_threads_option
 
 from minilm_engine import LLM
-from minilm_engine.course.experiments.batching import hardware_summary, time_decode_step
+from minilm_engine.course.experiments.batching import hardware_summary, time_engine_decode_step
 from minilm_engine.course.experiments.quantization import write_random_qwen3
 from minilm_engine.course.experiments.real_shape import default_dtype
 from minilm_engine.course.experiments.roofline import (
@@ -71,13 +72,14 @@ VERIFY_TOKENS = 5
 
 
 def load_pair(folder: Path, precision: str) -> dict:
-    """The model with the micro-kernel ("kernel") and without it ("torch")."""
-    args = dict(record_trace=False, max_num_seqs=64)
+    """The engine with the micro-kernel ("kernel") and without it ("torch"), recording their
+    traces (a step's duration is read from its record)."""
+    args = dict(record_trace=True, max_num_seqs=64)
     if precision in DTYPES:
         with_kernel = LLM(folder, model_backend="fused", dtype=DTYPES[precision], **args)
         without = LLM(folder, model_backend="reference", dtype=DTYPES[precision], **args)
         fuse_for_cpu(without.model, microkernel=False)
-        return {"kernel": with_kernel.model, "torch": without.model}
+        return {"kernel": with_kernel, "torch": without}
     args.update(dtype=default_dtype("cpu"), quantization=precision)
     with_kernel = LLM(folder, quantization_config={"kernel": "cpu"}, **args)
     without = LLM(folder, quantization_config={"kernel": "reference"}, **args)
@@ -86,32 +88,34 @@ def load_pair(folder: Path, precision: str) -> dict:
         if isinstance(module, QuantizedLinear):
             operators.prepare(module)
             module.kernel = operators
-    return {"kernel": with_kernel.model, "torch": without.model}
+    return {"kernel": with_kernel, "torch": without}
 
 
 MATMUL_MODULES = (FusedLinear, MatVecHead, QuantizedLinear, nn.Linear)  # a step's matmuls, each one call
 
 
-def time_step_split(model, batch_size: int, num_repeats: int = 5, context_len: int = 16) -> dict:
-    """A decode step of `batch_size` rows split into its matmuls and the rest: hooks record each
-    projection's and the head's input on a real step; each repeat then times one step
-    (`time_decode_step`) and, right after, one pass calling every matmul again on its recorded
-    input.  Medians (seconds) of the step, the matmuls and the per-repeat difference, the rest
-    (attention, norms, sampling, Python): paired, so a busy moment hits both sides of it."""
+def time_step_split(llm, batch_size: int, num_repeats: int = 5) -> dict:
+    """An engine decode step of `batch_size` requests split into its matmuls and the rest: hooks
+    record each projection's and the head's input on a real step; each repeat then times one
+    step (`time_engine_decode_step`) and, right after, one pass calling every matmul again on
+    its recorded input.  Medians (seconds) of the step, the matmuls and the per-repeat
+    difference, the rest (attention, norms, sampling, scheduling, Python): paired, so a busy
+    moment hits both sides of it."""
     inputs: dict[nn.Module, torch.Tensor] = {}
 
     def record(module, args):
         inputs[module] = args[0].detach().clone()  # the last call wins: the decode step's rows
 
+    model = llm.model
     handles = [m.register_forward_pre_hook(record) for m in model.modules() if isinstance(m, MATMUL_MODULES)]
     try:
-        time_decode_step(model, batch_size, context_len, num_steps=1)
+        time_engine_decode_step(llm, batch_size, num_steps=1)
     finally:
         for handle in handles:
             handle.remove()
     steps, matmuls = [], []
     for _ in range(num_repeats):
-        steps.append(time_decode_step(model, batch_size, context_len, num_steps=2).step_s)
+        steps.append(time_engine_decode_step(llm, batch_size, num_steps=2).step_s)
         start = time.perf_counter()
         for module, x in inputs.items():
             module(x)
@@ -160,7 +164,7 @@ def main() -> None:
         print(f"{'precision':>9} {'B':>3} {'predicted':>10}   {'with the micro-kernel':<34} {'without (torch, before)':<34} speedup")
         for precision in precisions:
             models = load_pair(folder, precision)
-            cost = step_cost(models["kernel"])
+            cost = step_cost(models["kernel"].model)
             ridge = roofline.ridge(cost)
             results["ridge"][precision] = ridge
             with torch.inference_mode():
@@ -185,7 +189,7 @@ def main() -> None:
                      "ridge": sheet.roofline.ridge(cost),
                      "step_s": {b: sheet.roofline.step_s(cost, b) for b in batch_sizes}})
             with torch.inference_mode():  # one forward over K + 1 tokens against a decode step
-                verify = time_verify_forward_repeats(models["kernel"], [1, VERIFY_TOKENS], context_len=128,
+                verify = time_verify_forward_repeats(models["kernel"].model, [1, VERIFY_TOKENS], context_len=128,
                                                      num_repeats=2 if args.quick else 8)
             ratios = [v / d for v, d in zip(verify[VERIFY_TOKENS], verify[1])]  # paired, repeat by repeat
             results.setdefault("verify_over_step", {})[precision] = ratios

@@ -30,6 +30,7 @@ from minilm_engine.course.experiments.batching import (
     measure_matmul_flops,
     step_weight_bytes,
     time_decode_step,
+    time_engine_decode_step,
 )
 
 
@@ -120,11 +121,18 @@ class StepTimes:
 
 def time_steps(models: dict, batch_sizes: list[int], num_rounds: int = 3, num_steps: int = 4,
                context_len: int = 16) -> list[StepTimes]:
-    """Decode-step medians (`batching.time_decode_step`) of every model in `models` (name -> a
-    `CausalLM`) at every batch size, in `num_rounds` rounds that alternate the models."""
+    """Decode-step medians of every model in `models` at every batch size, in `num_rounds` rounds
+    that alternate the models.  A model is a `CausalLM` (the bare model's steps over a contiguous
+    cache of `context_len` tokens, `batching.time_decode_step`) or an `LLM` recording its trace
+    (the engine's whole step: scheduling, paged attention, sampling; `time_engine_decode_step`)."""
+    def one(model, b: int) -> float:
+        if hasattr(model, "engine"):
+            return time_engine_decode_step(model, b, num_steps).step_s
+        return time_decode_step(model, b, context_len, num_steps).step_s
+
     samples: dict[tuple[str, int], list[float]] = {(n, b): [] for n in models for b in batch_sizes}
     for _ in range(num_rounds):
         for b in batch_sizes:
             for name, model in models.items():
-                samples[name, b].append(time_decode_step(model, b, context_len, num_steps).step_s)
+                samples[name, b].append(one(model, b))
     return [StepTimes(n, b, tuple(s)) for (n, b), s in samples.items()]
