@@ -22,8 +22,17 @@ from minilm_engine.model.config import ModelConfig
 from minilm_engine.model.rope import RotaryEmbedding, apply_rotary
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (..., D) / rms(x) * weight (D,) (or any shape that broadcasts), computed in float32 like
+    the reference implementations, rounded back to x's dtype before the weight."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in float32 like the reference implementations."""
+    """`rms_norm` with a learned weight."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -31,10 +40,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):

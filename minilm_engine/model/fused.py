@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minilm_engine.model.device import native_bf16_matmul
-from minilm_engine.model.decoder import MLP, Attention, CausalLM
+from minilm_engine.model.decoder import MLP, Attention, CausalLM, rms_norm
 from minilm_engine.model.quantization.kernels import cpu_compiled
 from minilm_engine.model.quantization.kernels.cpu_dense import PackedMatmul
 from minilm_engine.model.quantization.linear import QuantizedLinear
@@ -116,10 +116,7 @@ class HeadwiseRMSNorm(nn.Module):
         self.register_buffer("weight", weight, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)  # weight (heads, D) broadcasts over x's heads
 
 
 class KernelRMSNorm(nn.Module):
